@@ -55,10 +55,9 @@ def check_choice(value: Any, allowed: Iterable[Any], name: str, *, where: str) -
 
 def check_positive(value: Any, name: str, *, where: str, allow_zero: bool = False) -> None:
     """Raise if a static (Python) number is not positive. Traced values are not checked."""
-    if isinstance(value, int | float):
-        if value < 0 or (value == 0 and not allow_zero):
-            bound = ">= 0" if allow_zero else "> 0"
-            raise ValueError(f"{where}: `{name}` must be {bound}, got {value!r}.")
+    if isinstance(value, int | float) and (value < 0 or (value == 0 and not allow_zero)):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{where}: `{name}` must be {bound}, got {value!r}.")
 
 
 def as_float32(x: Any) -> Array:
@@ -73,7 +72,9 @@ def as_mask(mask: Any, like_shape: tuple[int, ...], name: str = "mask", *, where
     """Validate a {0,1} mask (bool or numeric) of shape `like_shape` and return it as float32."""
     mask = jnp.asarray(mask)
     if mask.shape != tuple(like_shape):
-        raise ValueError(f"{where}: `{name}` must have shape {tuple(like_shape)}, got {mask.shape}.")
+        raise ValueError(
+            f"{where}: `{name}` must have shape {tuple(like_shape)}, got {mask.shape}."
+        )
     if not (jnp.issubdtype(mask.dtype, jnp.bool_) or jnp.issubdtype(mask.dtype, jnp.number)):
         raise ValueError(f"{where}: `{name}` must be boolean or numeric, got dtype {mask.dtype}.")
     return (mask > 0).astype(jnp.float32)

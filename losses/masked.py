@@ -153,9 +153,9 @@ def masked_whiten(
     centred = jnp.where(m > 0, xz - mean, 0.0)
     var = jnp.sum(centred**2, axis=axis, keepdims=True) / jnp.maximum(count - ddof, 1.0)
     if eps_mode == "add":
-        scale = jax_rsqrt(var + eps)
+        scale = _rsqrt(var + eps)
     elif eps_mode == "max":
-        scale = jax_rsqrt(jnp.maximum(var, eps))
+        scale = _rsqrt(jnp.maximum(var, eps))
     else:
         scale = 1.0 / (jnp.sqrt(var) + eps)
     y = centred * scale
@@ -164,6 +164,6 @@ def masked_whiten(
     return y * m
 
 
-def jax_rsqrt(x: Array) -> Array:
+def _rsqrt(x: Array) -> Array:
     """`1/sqrt(x)` (kept as one function so the whitening modes read like the formula)."""
     return jnp.reciprocal(jnp.sqrt(x))

@@ -34,7 +34,9 @@ def test_matches_reference_with_empty_row(mode):
     rng = np.random.default_rng(0)
     l = rng.normal(size=(7, 11)).astype(np.float32)
     m = make_mask(rng, 7, 11)
-    assert_close(jax.jit(lambda a, b: losses.aggregate(a, b, mode=mode))(l, m), np_aggregate(l, m, mode))
+    assert_close(
+        jax.jit(lambda a, b: losses.aggregate(a, b, mode=mode))(l, m), np_aggregate(l, m, mode)
+    )
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -75,7 +77,10 @@ def test_micro_batches_with_global_normalisers_sum_to_the_full_batch(mode):
     assert_close(sum(parts), full)
     # and as (numerator, denominator) parts summed before dividing
     nums, dens = zip(
-        *[losses.aggregate(l[s], m[s], mode=mode, return_parts=True) for s in (slice(0, 4), slice(4, 8))],
+        *[
+            losses.aggregate(l[s], m[s], mode=mode, return_parts=True)
+            for s in (slice(0, 4), slice(4, 8))
+        ],
         strict=True,
     )
     if mode == "token_sum":

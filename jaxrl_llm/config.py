@@ -1,0 +1,113 @@
+"""Frozen-dataclass configs built from YAML, validated on load.
+
+One loader for every component config (DESIGN.md §6, STYLE.md §3.9): unknown keys fail with a
+"did you mean" suggestion, values are checked against the field's annotation (bool, int, float,
+str, `Literal[...]`, `X | None`, nested dataclasses and tuples of them), and the error names the
+key path, the expected type or allowed values, and what was received.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import pathlib
+import types
+import typing
+from typing import Any, TypeVar
+
+import yaml
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A config file or mapping does not match its dataclass (the message names the key)."""
+
+
+def load_yaml(path: str | pathlib.Path) -> dict[str, Any]:
+    """Read a YAML mapping from `path` (a clear error if it is missing or not a mapping)."""
+    path = pathlib.Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping, got {type(data).__name__}.")
+    return data
+
+
+def build(cls: type[T], data: Any, *, path: str = "") -> T:
+    """Build the frozen dataclass `cls` from a mapping, validating every key and value.
+
+    Examples:
+      >>> @dataclasses.dataclass(frozen=True, kw_only=True)
+      ... class Opt:
+      ...     lr: float = 1e-3
+      ...     name: typing.Literal["adam", "sgd"] = "adam"
+      >>> build(Opt, {"lr": 0.1})
+      Opt(lr=0.1, name='adam')
+      >>> build(Opt, {"learning_rate": 0.1})
+      Traceback (most recent call last):
+      ...
+      jaxrl_llm.config.ConfigError: unknown key 'learning_rate' (did you mean 'lr'?); allowed keys: lr, name
+    """
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path or cls.__name__}: expected a mapping, got {type(data).__name__}.")
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
+    hints = typing.get_type_hints(cls)
+    prefix = f"{path}." if path else ""
+    for key in data:
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), list(fields), n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise ConfigError(
+                f"{prefix}unknown key '{key}'{hint}; allowed keys: {', '.join(fields)}"
+            )
+    kwargs = {k: _convert(hints[k], v, f"{prefix}{k}") for k, v in data.items()}
+    try:
+        return cls(**kwargs)
+    except TypeError as err:  # a required field is missing
+        raise ConfigError(f"{path or cls.__name__}: {err}") from None
+
+
+def _convert(annotation: Any, value: Any, path: str) -> Any:
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin is typing.Literal:
+        if value not in args:
+            allowed = ", ".join(repr(a) for a in args)
+            raise ConfigError(f"{path}: must be one of {allowed}, got {value!r}.")
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for option in (a for a in args if a is not type(None)):
+            try:
+                return _convert(option, value, path)
+            except ConfigError as err:
+                errors.append(str(err))
+        raise ConfigError(errors[0] if len(errors) == 1 else f"{path}: {'; '.join(errors)}")
+    if origin is tuple:
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{path}: expected a list, got {type(value).__name__}.")
+        item = args[0] if args else Any
+        return tuple(_convert(item, v, f"{path}[{i}]") for i, v in enumerate(value))
+    if dataclasses.is_dataclass(annotation):
+        return build(annotation, value, path=path)  # type: ignore[arg-type]
+    if annotation is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{path}: expected true or false, got {value!r}.")
+        return value
+    if annotation is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{path}: expected an integer, got {value!r}.")
+        return value
+    if annotation is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{path}: expected a number, got {value!r}.")
+        return float(value)
+    if annotation is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{path}: expected a string, got {value!r}.")
+        return value
+    return value

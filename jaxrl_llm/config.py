@@ -45,10 +45,14 @@ def build(cls: type[T], data: Any, *, path: str = "") -> T:
       ...     name: typing.Literal["adam", "sgd"] = "adam"
       >>> build(Opt, {"lr": 0.1})
       Opt(lr=0.1, name='adam')
-      >>> build(Opt, {"learning_rate": 0.1})
+      >>> build(Opt, {"nmae": "sgd"})
       Traceback (most recent call last):
       ...
-      jaxrl_llm.config.ConfigError: unknown key 'learning_rate' (did you mean 'lr'?); allowed keys: lr, name
+      jaxrl_llm.config.ConfigError: unknown key 'nmae' (did you mean 'name'?); allowed keys: lr, name
+      >>> build(Opt, {"name": "adamw"})
+      Traceback (most recent call last):
+      ...
+      jaxrl_llm.config.ConfigError: name: must be one of 'adam', 'sgd', got 'adamw'.
     """
     if not isinstance(data, dict):
         raise ConfigError(f"{path or cls.__name__}: expected a mapping, got {type(data).__name__}.")

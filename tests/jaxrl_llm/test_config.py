@@ -1,0 +1,87 @@
+"""The YAML → frozen-dataclass loader: every bad key or value fails at load with its path."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from typing import Literal
+
+import pytest
+
+from jaxrl_llm.config import ConfigError, build, load_yaml
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Inner:
+    size: int
+    scale: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Outer:
+    name: str = "x"
+    mode: Literal["a", "b"] = "a"
+    flag: bool = False
+    limit: float | None = None
+    inner: Inner = dataclasses.field(default_factory=lambda: Inner(size=1))
+    items: tuple[Inner, ...] = ()
+
+
+def test_builds_nested_values_and_converts_ints_to_floats():
+    cfg = build(
+        Outer,
+        {"mode": "b", "limit": 3, "inner": {"size": 4}, "items": [{"size": 1, "scale": 2}]},
+    )
+    assert cfg == Outer(mode="b", limit=3.0, inner=Inner(size=4), items=(Inner(size=1, scale=2.0),))
+    assert isinstance(cfg.limit, float)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.name = "y"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"nam": "y"}, "unknown key 'nam' (did you mean 'name'?)"),
+        ({"mode": "c"}, "mode: must be one of 'a', 'b', got 'c'"),
+        ({"flag": "yes"}, "flag: expected true or false, got 'yes'"),
+        ({"limit": "big"}, "limit: expected a number, got 'big'"),
+        ({"inner": {"size": 2.5}}, "inner.size: expected an integer, got 2.5"),
+        ({"inner": {"sise": 2}}, "inner.unknown key 'sise' (did you mean 'size'?)"),
+        ({"items": {"size": 1}}, "items: expected a list"),
+        ({"items": [{"size": True}]}, "items[0].size: expected an integer, got True"),
+        ({"inner": {}}, "missing 1 required keyword-only argument: 'size'"),
+    ],
+)
+def test_bad_values_fail_with_the_key_path(data, message):
+    with pytest.raises(ConfigError) as info:
+        build(Outer, data)
+    assert message in str(info.value)
+
+
+def test_load_yaml_errors(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_yaml(tmp_path / "missing.yaml")
+    path = tmp_path / "list.yaml"
+    path.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_yaml(path)
+
+
+def test_shipped_demo_config_loads():
+    from jaxrl_llm.demo import load_config
+
+    config = load_config()
+    assert len(config.recipes) >= 5
+    assert {r.name for r in config.recipes} >= {"GRPO", "DAPO", "Dr.GRPO"}
+
+
+def test_cli_reports_a_bad_config_without_traceback(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("group_size: 8\nlearning_rte: 0.1\nrecipes: [{name: x}]\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxrl_llm", "demo", str(path)], capture_output=True, text=True
+    )
+    assert proc.returncode == 2
+    assert "unknown key 'learning_rte' (did you mean 'learning_rate'?)" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -10,8 +10,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 from jax import Array
+from jax.sharding import PartitionSpec
 
 
 def check_rank(x: Any, rank: int | Sequence[int], name: str, *, where: str) -> None:
@@ -78,3 +80,26 @@ def as_mask(mask: Any, like_shape: tuple[int, ...], name: str = "mask", *, where
     if not (jnp.issubdtype(mask.dtype, jnp.bool_) or jnp.issubdtype(mask.dtype, jnp.number)):
         raise ValueError(f"{where}: `{name}` must be boolean or numeric, got dtype {mask.dtype}.")
     return (mask > 0).astype(jnp.float32)
+
+
+def check_real(x: Any, name: str, *, where: str) -> None:
+    """Raise unless `x` is a real numeric array (bool, integer or floating; upcast to float32)."""
+    dtype = jnp.result_type(x)
+    if not (
+        jnp.issubdtype(dtype, jnp.floating)
+        or jnp.issubdtype(dtype, jnp.integer)
+        or jnp.issubdtype(dtype, jnp.bool_)
+    ):
+        raise ValueError(f"{where}: `{name}` must be a real numeric array, got dtype {dtype}.")
+
+
+def replicated(x: Array) -> Array:
+    """Gather `x` if its type is sharded over explicit mesh axes (a sort needs the whole axis).
+
+    Under `jax.jit` without explicit axes (or on one device) this is a no-op: the compiler inserts
+    whatever gather the sort needs.
+    """
+    spec = jax.typeof(x).sharding.spec
+    if any(axis is not None for axis in spec):
+        x = jax.sharding.reshard(x, PartitionSpec(*([None] * x.ndim)))
+    return x

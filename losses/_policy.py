@@ -20,8 +20,15 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
-from losses._checks import as_float32, as_mask, check_floating, check_rank, check_same_shape
-from losses.aggregation import aggregate
+from losses._checks import (
+    as_float32,
+    as_mask,
+    check_choice,
+    check_floating,
+    check_rank,
+    check_same_shape,
+)
+from losses.aggregation import AGG_MODES, aggregate
 
 
 class PolicyInputs(NamedTuple):
@@ -81,8 +88,15 @@ def log_ratio(inputs: PolicyInputs, log_ratio_clamp: float | None) -> tuple[Arra
     return logr, ratio
 
 
-def _weight(w: Any, name: str, inputs: PolicyInputs, where: str, stop_gradient: bool) -> Array:
-    check_floating(w, name, where=where)
+def prepare_weights(
+    w: Any, name: str, inputs: PolicyInputs, where: str, stop_gradient: bool
+) -> Array:
+    """Validate a `[N,T]` weight array like `logp`, upcast, zero it off-mask (and `sg` it).
+
+    Boolean selections (e.g. `high_entropy_mask`) are accepted and become {0, 1}.
+    """
+    if not jnp.issubdtype(jnp.result_type(w), jnp.bool_):
+        check_floating(w, name, where=where)
     check_same_shape(inputs.logp, "logp", where, **{name: w})
     w = zero_outside(as_float32(w), inputs.valid)
     return jax.lax.stop_gradient(w) if stop_gradient else w
@@ -99,9 +113,11 @@ def apply_token_weights(
     """`ℓ · sg(is_weights) · token_weights`, zero outside the mask."""
     out = zero_outside(per_token, inputs.valid)
     if is_weights is not None:
-        out = out * _weight(is_weights, "is_weights", inputs, where, stop_gradient=True)
+        out = out * prepare_weights(is_weights, "is_weights", inputs, where, stop_gradient=True)
     if token_weights is not None:
-        out = out * _weight(token_weights, "token_weights", inputs, where, stop_gradient=True)
+        out = out * prepare_weights(
+            token_weights, "token_weights", inputs, where, stop_gradient=True
+        )
     return out
 
 
@@ -118,6 +134,7 @@ def reduce_policy_loss(
     where: str,
 ) -> Array:
     """Apply the weights and `aggregate` with the loss's mode and global normalisers."""
+    check_choice(agg, AGG_MODES, "agg", where=where)
     weighted = apply_token_weights(
         per_token, inputs, is_weights=is_weights, token_weights=token_weights, where=where
     )
@@ -157,3 +174,8 @@ def ratio_metrics(logr: Array, ratio: Array, inputs: PolicyInputs) -> dict[str, 
 def stop_gradient_metrics(metrics: dict[str, Array]) -> dict[str, Array]:
     """Metrics never carry gradients and are float32 scalars."""
     return {k: jax.lax.stop_gradient(jnp.asarray(v, jnp.float32)) for k, v in metrics.items()}
+
+
+def clip_terms(adv: Array, ratio: Array, clip_low: Any, clip_high: Any) -> tuple[Array, Array]:
+    """PPO's two branches `(ℓ1, ℓ2) = (−A·r, −A·clip(r, 1 − ε_low, 1 + ε_high))` (§5.1)."""
+    return -adv * ratio, -adv * jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)

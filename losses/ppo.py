@@ -10,6 +10,7 @@ from jaxtyping import ArrayLike
 
 from losses._checks import check_positive
 from losses._policy import (
+    clip_terms,
     log_ratio,
     masked_fraction,
     prepare_policy_inputs,
@@ -95,9 +96,7 @@ def ppo_clip_loss(
     logr, ratio = log_ratio(inputs, log_ratio_clamp)
     adv = inputs.advantages
 
-    clipped_ratio = jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
-    loss_unclipped = -adv * ratio
-    loss_clipped = -adv * clipped_ratio
+    loss_unclipped, loss_clipped = clip_terms(adv, ratio, clip_low, clip_high)
     per_token = jnp.maximum(loss_unclipped, loss_clipped)
     if ratio_cap is not None:
         per_token = jnp.maximum(-adv * jnp.minimum(ratio, ratio_cap), loss_clipped)

@@ -69,6 +69,21 @@ def np_aggregate(
     raise ValueError(mode)
 
 
+def np_agg_weights(mask, mode, **kw):
+    """`∂ aggregate(ℓ) / ∂ℓ_nt` (aggregation is linear in ℓ: evaluate it on one-hot inputs)."""
+    weights = np.zeros(mask.shape)
+    for n, t in np.ndindex(*mask.shape):
+        onehot = np.zeros(mask.shape)
+        onehot[n, t] = 1.0
+        weights[n, t] = np_aggregate(onehot, mask, mode, **kw)
+    return weights
+
+
+def vg(fn, **kw):
+    """`value_and_grad` w.r.t. the first argument -> ((loss, metrics), grad); jit the caller."""
+    return jax.value_and_grad(lambda x, *rest: fn(x, *rest, **kw), has_aux=True)
+
+
 def assert_close(actual: Any, expected: Any, *, rtol: float = RTOL, atol: float = ATOL) -> None:
     np.testing.assert_allclose(np.asarray(actual, np.float64), expected, rtol=rtol, atol=atol)
 

@@ -52,7 +52,17 @@ def masked_sum(x: ArrayLike, mask: ArrayLike, axis: Axis = None) -> Array:
 
 
 def masked_count(mask: ArrayLike, axis: Axis = None) -> Array:
-    """Number of valid entries (float32): `Σ [m > 0]`."""
+    """Number of valid entries (float32): `Σ [m > 0]`.
+
+    Args:
+      mask: validity weights of any shape; entries `> 0` count.
+      axis: axis or axes to count over; None counts everything.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> masked_count(jnp.array([[1, 1, 0], [1, 0, 0]]), axis=-1).tolist()
+      [2.0, 1.0]
+    """
     return jnp.sum((jnp.asarray(mask) > 0).astype(jnp.float32), axis=axis)
 
 

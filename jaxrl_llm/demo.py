@@ -212,8 +212,9 @@ def run(config: DemoConfig, print_fn: Callable[[str], None] = print) -> dict[str
         final = {k: float(v[-5:].mean()) for k, v in history.items()}
         final["reward0"] = float(history["reward"][:5].mean())
         results[recipe.name] = final
+        agg = "geometric (per seq)" if recipe.loss == "gmpo" else recipe.agg  # GMPO's own mean
         print_fn(
-            f"{recipe.name:<14}{recipe.advantages:<10}{recipe.loss:<10}{recipe.agg:<25}"
+            f"{recipe.name:<14}{recipe.advantages:<10}{recipe.loss:<10}{agg:<25}"
             f"{final['reward0']:>8.3f}{final['reward']:>8.3f}{final['solved']:>8.3f}"
             f"{final['kl']:>8.3f}{final['entropy']:>9.3f}{final['length']:>8.2f}"
             f"{100 * final['clip_frac']:>7.1f}{seconds:>6.1f}"

@@ -5,6 +5,9 @@ Executed in a subprocess by `test_sharded.py` with
 single-device inputs and on inputs sharded along their leading axis over a mesh axis `data` of
 size 8, and the two results (values, metrics and `jax.grad` w.r.t. the first argument when the
 function returns a loss) must agree to 1e-5. Prints one line per case and exits 1 on a mismatch.
+
+Run a subset by naming case files (stems after `sharded_cases_`) as arguments, e.g.
+`XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m tests.losses.sharded_runner kl`.
 """
 
 from __future__ import annotations
@@ -19,10 +22,15 @@ import numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 
-def _load_cases() -> list:
+def _load_cases(only: list[str]) -> list:
     here = pathlib.Path(__file__).parent
+    paths = sorted(here.glob("sharded_cases_*.py"))
+    if only:
+        paths = [p for p in paths if p.stem.removeprefix("sharded_cases_") in only]
+        if not paths:
+            raise SystemExit(f"no tests/losses/sharded_cases_<name>.py for {only}")
     cases = []
-    for path in sorted(here.glob("sharded_cases_*.py")):
+    for path in paths:
         module = importlib.import_module(f"tests.losses.{path.stem}")
         cases.extend(module.CASES)
     return cases
@@ -43,12 +51,12 @@ def _place(args: tuple, sharding: NamedSharding | None) -> list:
     return out
 
 
-def main() -> int:
+def main(only: list[str]) -> int:
     assert jax.device_count() == 8, f"expected 8 devices, got {jax.device_count()}"
     mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Explicit,))
     sharding = NamedSharding(mesh, PartitionSpec("data"))
     failures = 0
-    cases = _load_cases()
+    cases = _load_cases(only)
     for case in cases:
 
         def run(*a, _case=case):
@@ -82,4 +90,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

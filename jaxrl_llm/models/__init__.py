@@ -1,0 +1,26 @@
+"""Flax NNX decoder-only language models with Hugging Face checkpoint import and export.
+
+Families: llama, qwen2, qwen3, gemma, gemma2, gemma3_text (see `ModelConfig`). Load a local
+checkpoint with `from_pretrained(path, dtype=..., param_dtype=..., mesh=...)`, write one back
+with `save_pretrained(model, path)`; decode with a `KVCache`; score with a `ValueModel`.
+"""
+
+from jaxrl_llm.models.cache import CACHE_AXES, KVCache, positions_from_mask
+from jaxrl_llm.models.config import SUPPORTED_FAMILIES, ModelConfig, RopeConfig
+from jaxrl_llm.models.decoder import Decoder
+from jaxrl_llm.models.hf_io import from_pretrained, save_pretrained
+from jaxrl_llm.models.value import ValueHead, ValueModel
+
+__all__ = [
+    "CACHE_AXES",
+    "SUPPORTED_FAMILIES",
+    "Decoder",
+    "KVCache",
+    "ModelConfig",
+    "RopeConfig",
+    "ValueHead",
+    "ValueModel",
+    "from_pretrained",
+    "positions_from_mask",
+    "save_pretrained",
+]

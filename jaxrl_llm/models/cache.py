@@ -1,0 +1,151 @@
+"""KV cache for incremental decoding: fixed buffers plus per-row bookkeeping, a pytree.
+
+Layout (T = `max_len` slots):
+
+- `k`, `v`: `[L, N, T, K, Hd]` in the compute dtype. Layer-major so the decoder's `lax.scan`
+  over layers slices one `[N, T, K, Hd]` buffer per step.
+- `positions`: `[N, T]` int32, the rotary position of the token held in each slot, or `-1` for
+  an empty slot or a padding token. Attention reads only slots with `positions >= 0`, so a
+  left-padded prompt can be written as is.
+- `lengths`: `[N]` int32, the number of slots written in each row; the next call writes its
+  `S` tokens to slots `lengths[n] .. lengths[n] + S - 1` of row `n`.
+
+One call of `Decoder.decode` writes S new tokens (S = P for a prefill, 1 per decode step) and
+attends to every valid slot at or before its own (`slot_k <= slot_q`), within the layer's sliding
+window measured in positions. Shapes never change, so the decode loop compiles once; the caller
+sizes `max_len` to hold prompt and completion (writes past the end are clamped by XLA and would
+overwrite the last slot; `Decoder.decode` checks this when `lengths` is concrete).
+The logical axes of the buffers are `CACHE_AXES`, for `sharding.logical_to_spec`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from jaxrl_llm.models.config import ModelConfig
+
+Array = jax.Array
+
+CACHE_AXES = ("layers", "batch", "cache_seq", "kv_heads", "head_dim")
+
+
+class KVCache(NamedTuple):
+    """Preallocated keys/values `[L, N, T, K, Hd]`, slot positions `[N, T]`, row lengths `[N]`.
+
+    Examples:
+      >>> from jaxrl_llm.models import ModelConfig
+      >>> cfg = ModelConfig(family="llama", vocab_size=11, hidden_size=8, intermediate_size=16,
+      ...                   num_layers=2, num_heads=2, num_kv_heads=1, head_dim=4)
+      >>> cache = KVCache.init(cfg, batch=3, max_len=5)
+      >>> cache.k.shape, cache.positions.shape, cache.lengths.tolist()
+      ((2, 3, 5, 1, 4), (3, 5), [0, 0, 0])
+    """
+
+    k: Array  # [L, N, T, K, Hd]
+    v: Array  # [L, N, T, K, Hd]
+    positions: Array  # [N, T] int32, -1 = empty or padding
+    lengths: Array  # [N] int32, slots written per row
+
+    @classmethod
+    def init(
+        cls, config: ModelConfig, *, batch: int, max_len: int, dtype: Any = jnp.float32
+    ) -> KVCache:
+        """An empty cache for `batch` rows of up to `max_len` tokens each."""
+        shape = (config.num_layers, batch, max_len, config.num_kv_heads, config.head_dim)
+        return cls(
+            k=jnp.zeros(shape, dtype),
+            v=jnp.zeros(shape, dtype),
+            positions=jnp.full((batch, max_len), -1, jnp.int32),
+            lengths=jnp.zeros((batch,), jnp.int32),
+        )
+
+    @property
+    def max_len(self) -> int:
+        """Number of slots per row (T)."""
+        return self.positions.shape[1]
+
+
+def write_rows(buffer: Array, new: Array, starts: Array) -> Array:
+    """Write `new[N, S, ...]` into `buffer[N, T, ...]` at slot `starts[n]` of each row `n`.
+
+    Examples:
+      >>> write_rows(jnp.zeros((2, 4)), jnp.ones((2, 2)), jnp.array([0, 1]))
+      Array([[1., 1., 0., 0.],
+             [0., 1., 1., 0.]], dtype=float32)
+    """
+
+    def one_row(row: Array, values: Array, start: Array) -> Array:
+        index = (start,) + (0,) * (row.ndim - 1)
+        return jax.lax.dynamic_update_slice(row, values.astype(row.dtype), index)
+
+    return jax.vmap(one_row)(buffer, new, starts)
+
+
+def advance(cache: KVCache, positions: Array, valid: Array) -> KVCache:
+    """Record S new tokens (`positions[N, S]`, `valid[N, S]` bool) in the bookkeeping arrays.
+
+    Slot positions become `positions` where `valid`, else `-1`; `lengths` grows by S. The k/v
+    buffers are written by the layers (`write_rows`) during the same call.
+    """
+    slot_positions = jnp.where(valid, positions, -1).astype(jnp.int32)
+    return cache._replace(
+        positions=write_rows(cache.positions, slot_positions, cache.lengths),
+        lengths=cache.lengths + positions.shape[1],
+    )
+
+
+def cached_attention_mask(
+    before: KVCache, after: KVCache, q_positions: Array, window: int | None
+) -> Array:
+    """`[N, S, T]` bool: query `s` of row `n` may read slot `t`.
+
+    Query `s` sits in slot `before.lengths[n] + s`; it reads slots `t <= ` that slot holding a
+    valid token (`after.positions >= 0`), and with a `window`, only those with
+    `q_position - k_position < window`.
+    """
+    S = q_positions.shape[1]
+    q_slot = before.lengths[:, None] + jnp.arange(S)[None, :]  # [N, S]
+    k_slot = jnp.arange(after.max_len)  # [T]
+    k_pos = after.positions  # [N, T]
+    mask = (k_slot[None, None, :] <= q_slot[:, :, None]) & (k_pos[:, None, :] >= 0)
+    if window is not None:
+        mask &= q_positions[:, :, None] - k_pos[:, None, :] < window
+    return mask
+
+
+def full_attention_mask(segment_ids: Array, positions: Array, window: int | None) -> Array:
+    """`[N, S, S]` bool causal mask of a batch without cache.
+
+    Query `s` reads key `t <= s` of the same segment; segment 0 is padding and is never read.
+    With a `window`, only keys with `positions[s] - positions[t] < window`.
+
+    Examples:
+      >>> full_attention_mask(jnp.array([[1, 1, 2]]), jnp.array([[0, 1, 0]]), None).astype(int)
+      Array([[[1, 0, 0],
+              [1, 1, 0],
+              [0, 0, 1]]], dtype=int32)
+    """
+    S = segment_ids.shape[1]
+    causal = jnp.tril(jnp.ones((S, S), bool))[None]
+    same = segment_ids[:, :, None] == segment_ids[:, None, :]
+    mask = causal & same & (segment_ids[:, None, :] != 0)
+    if window is not None:
+        mask &= positions[:, :, None] - positions[:, None, :] < window
+    return mask
+
+
+def positions_from_mask(attention_mask: Array) -> Array:
+    """Rotary positions `[N, S]` int32 of a padded batch: `0, 1, ...` over each row's real tokens.
+
+    Padding before the first real token gets position 0 (it is never attended to), so left- and
+    right-padded rows give their real tokens the positions of the unpadded sequence.
+
+    Examples:
+      >>> positions_from_mask(jnp.array([[0, 0, 1, 1, 1], [1, 1, 1, 0, 0]]))
+      Array([[0, 0, 0, 1, 2],
+             [0, 1, 2, 2, 2]], dtype=int32)
+    """
+    return jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=-1) - 1, 0)

@@ -1,0 +1,267 @@
+"""`Decoder`: the Flax NNX decoder-only LM shared by every supported family.
+
+The layers are stacked (`nnx.vmap` at construction; every layer parameter has a leading
+`layers` axis) and run with one `jax.lax.scan`, so compile time does not grow with depth.
+Per-layer differences (Gemma 2/3 sliding-window layers, Gemma 3's second rope) are scanned
+inputs, not Python branches.
+
+Entry points (N rows, S tokens; `positions[N, S]` are rotary positions, `0..` per sequence):
+
+- `model(tokens, positions, attention_mask=..., segment_ids=...)` → float32 logits `[N, S, V]`.
+- `model.hidden_states(...)` → final-normed hidden states `[N, S, D]` and `model.logits(h)`:
+  a caller can project and reduce chunk by chunk without materialising `[N, S, V]`.
+- `model.decode(tokens, positions, cache, attention_mask=...)` → `(logits, cache)`: prefill and
+  token-by-token decoding with a `KVCache`.
+
+Masking: `attention_mask[N, S]` (1 = real token) or `segment_ids[N, S]` (packed sequences; 0 =
+padding). Keys of padding are never read; padding queries produce finite values that callers
+mask out. Dtype policy: parameters live in `param_dtype`, activations in `dtype`, logits are
+float32. `remat` ("none", "full", "dots") rematerialises each layer in the backward pass.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxrl_llm.models import cache as kv_cache
+from jaxrl_llm.models.config import ModelConfig
+from jaxrl_llm.models.layers import Block, RMSNorm, make_param, rope_angles, rope_inv_freq
+
+Array = jax.Array
+Remat = Literal["none", "full", "dots"]
+_REMAT_POLICIES = {
+    "full": None,
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+def _stacked_blocks(config: ModelConfig, dtype: Any, param_dtype: Any, rngs: nnx.Rngs) -> Block:
+    @nnx.split_rngs(splits=config.num_layers)
+    @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
+    def make(rngs: nnx.Rngs) -> Block:
+        return Block(config, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+
+    return make(rngs)
+
+
+def _check_inputs(tokens: Array, positions: Array, mask: Array | None, mask_name: str) -> None:
+    if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
+        raise ValueError(
+            f"tokens must be an integer array [N, S], got {tokens.dtype}{tokens.shape}."
+        )
+    if positions.shape != tokens.shape or not jnp.issubdtype(positions.dtype, jnp.integer):
+        raise ValueError(
+            f"positions must be an integer array of the tokens' shape {tokens.shape}, "
+            f"got {positions.dtype}{positions.shape}."
+        )
+    if mask is not None and mask.shape != tokens.shape:
+        raise ValueError(
+            f"{mask_name} must have the tokens' shape {tokens.shape}, got {mask.shape}."
+        )
+
+
+class Decoder(nnx.Module):
+    """Decoder-only transformer LM (Llama / Qwen2 / Qwen3 / Gemma / Gemma 2 / Gemma 3 text).
+
+    Args:
+      config: the architecture.
+      dtype: compute dtype of activations (e.g. `jnp.bfloat16`).
+      param_dtype: storage dtype of parameters (e.g. `jnp.float32` for training).
+      remat: per-layer rematerialisation in the backward pass: "none", "full" (save nothing),
+        or "dots" (save matmul outputs without batch dims).
+      lm_head: False drops the output projection of an untied model (a critic backbone).
+      rngs: initialisation keys.
+
+    Examples:
+      >>> cfg = ModelConfig(family="qwen3", vocab_size=11, hidden_size=8, intermediate_size=16,
+      ...                   num_layers=2, num_heads=2, num_kv_heads=1, head_dim=4)
+      >>> model = Decoder(cfg, rngs=nnx.Rngs(0))
+      >>> tokens = jnp.array([[1, 2, 3]])
+      >>> model(tokens, jnp.arange(3)[None]).shape
+      (1, 3, 11)
+    """
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        *,
+        dtype: Any = jnp.float32,
+        param_dtype: Any = jnp.float32,
+        remat: Remat = "none",
+        lm_head: bool = True,
+        rngs: nnx.Rngs,
+    ):
+        if remat not in ("none", "full", "dots"):
+            raise ValueError(f"Decoder: remat must be 'none', 'full' or 'dots', got {remat!r}.")
+        V, D = config.vocab_size, config.hidden_size
+        self.embed = make_param(rngs.params(), (V, D), ("vocab", "embed"), param_dtype, "normal")
+        self.layers = _stacked_blocks(config, dtype, param_dtype, rngs)
+        self.final_norm = RMSNorm(
+            D,
+            eps=config.rms_norm_eps,
+            plus_one=config.norm_plus_one,
+            param_dtype=param_dtype,
+            rngs=rngs,
+        )
+        if lm_head and not config.tie_embeddings:
+            self.lm_head = make_param(
+                rngs.params(), (D, V), ("embed", "vocab"), param_dtype, "normal"
+            )
+        self.has_lm_head = lm_head
+        self.config = config
+        self.dtype = dtype
+        self.param_dtype = param_dtype
+        self.remat = remat
+
+    # ----------------------------------------------------------------------------- public API
+
+    def __call__(
+        self,
+        tokens: Array,
+        positions: Array,
+        *,
+        attention_mask: Array | None = None,
+        segment_ids: Array | None = None,
+    ) -> Array:
+        """Float32 logits `[N, S, V]` of `tokens[N, S]` (no cache)."""
+        hidden = self.hidden_states(
+            tokens, positions, attention_mask=attention_mask, segment_ids=segment_ids
+        )
+        return self.logits(hidden)
+
+    def hidden_states(
+        self,
+        tokens: Array,
+        positions: Array,
+        *,
+        attention_mask: Array | None = None,
+        segment_ids: Array | None = None,
+    ) -> Array:
+        """Final-normed hidden states `[N, S, D]` in the compute dtype (no cache)."""
+        if attention_mask is not None and segment_ids is not None:
+            raise ValueError("pass attention_mask or segment_ids, not both.")
+        _check_inputs(tokens, positions, segment_ids, "segment_ids")
+        _check_inputs(tokens, positions, attention_mask, "attention_mask")
+        if segment_ids is None:
+            segment_ids = (
+                jnp.ones(tokens.shape, jnp.int32)
+                if attention_mask is None
+                else attention_mask.astype(jnp.int32)
+            )
+
+        def mask_fn(window: int | None) -> Array:
+            return kv_cache.full_attention_mask(segment_ids, positions, window)
+
+        x, _ = self._layers(self._embed(tokens), positions, mask_fn, None)
+        return self.final_norm(x)
+
+    def logits(self, hidden: Array) -> Array:
+        """Project hidden states `[..., D]` to float32 logits `[..., V]` (with soft-capping)."""
+        if self.config.tie_embeddings:
+            weight = self.embed[...].astype(self.dtype)
+            out = jnp.einsum("...d,vd->...v", hidden, weight, preferred_element_type=jnp.float32)
+        elif self.has_lm_head:
+            weight = self.lm_head[...].astype(self.dtype)
+            out = jnp.einsum("...d,dv->...v", hidden, weight, preferred_element_type=jnp.float32)
+        else:
+            raise ValueError("this Decoder was built with lm_head=False and has no logits.")
+        cap = self.config.final_logit_softcap
+        return out if cap is None else cap * jnp.tanh(out / cap)
+
+    def decode(
+        self,
+        tokens: Array,
+        positions: Array,
+        cache: kv_cache.KVCache,
+        *,
+        attention_mask: Array | None = None,
+    ) -> tuple[Array, kv_cache.KVCache]:
+        """Run `tokens[N, S]` against `cache`, writing their keys/values after each row's slots.
+
+        Returns float32 logits `[N, S, V]` and the updated cache. `attention_mask[N, S]` marks
+        real tokens (padding slots are written but never read). S = prompt length for a
+        prefill, 1 for a decode step.
+        """
+        _check_inputs(tokens, positions, attention_mask, "attention_mask")
+        S = tokens.shape[1]
+        if not isinstance(cache.lengths, jax.core.Tracer):
+            longest = int(np.max(np.asarray(cache.lengths))) + S
+            if longest > cache.max_len:
+                raise ValueError(
+                    f"KVCache overflow: writing {S} tokens needs {longest} slots, the cache "
+                    f"has max_len={cache.max_len}."
+                )
+        valid = jnp.ones(tokens.shape, bool) if attention_mask is None else attention_mask > 0
+        after = kv_cache.advance(cache, positions, valid)
+
+        def mask_fn(window: int | None) -> Array:
+            return kv_cache.cached_attention_mask(cache, after, positions, window)
+
+        x, (k, v) = self._layers(
+            self._embed(tokens), positions, mask_fn, (cache.k, cache.v, cache.lengths)
+        )
+        return self.logits(self.final_norm(x)), after._replace(k=k, v=v)
+
+    def init_cache(self, *, batch: int, max_len: int) -> kv_cache.KVCache:
+        """An empty `KVCache` for this model in its compute dtype."""
+        return kv_cache.KVCache.init(self.config, batch=batch, max_len=max_len, dtype=self.dtype)
+
+    # ----------------------------------------------------------------------------- internals
+
+    def _embed(self, tokens: Array) -> Array:
+        x = jnp.take(self.embed[...], tokens, axis=0).astype(self.dtype)
+        if self.config.embed_scale:
+            x = x * jnp.asarray(math.sqrt(self.config.hidden_size), self.dtype)
+        return x
+
+    def _per_layer_inputs(self, positions: Array, mask_fn: Any) -> tuple[Any, Any, Array]:
+        """Rope angles and masks per layer type, and which layers are sliding (`[L]` bool)."""
+        cfg = self.config
+        sliding = np.array([t == "sliding_attention" for t in cfg.layer_types])
+        full_angles = rope_angles(positions, rope_inv_freq(cfg.rope, cfg.head_dim))
+        full_mask = mask_fn(None)
+        if not sliding.any():
+            return full_angles, full_mask, jnp.asarray(sliding)
+        local = cfg.local_rope or cfg.rope
+        local_angles = rope_angles(positions, rope_inv_freq(local, cfg.head_dim))
+        local_mask = mask_fn(cfg.sliding_window)
+        if sliding.all():
+            return local_angles, local_mask, jnp.asarray(sliding)
+        return (full_angles, local_angles), (full_mask, local_mask), jnp.asarray(sliding)
+
+    def _layers(
+        self, x: Array, positions: Array, mask_fn: Any, kv: tuple[Array, Array, Array] | None
+    ) -> tuple[Array, Any]:
+        """Scan the stacked layers over `x[N, S, D]`; with `kv` also write/read the cache."""
+        angles, masks, sliding = self._per_layer_inputs(positions, mask_fn)
+        mixed = isinstance(masks, tuple)
+        graphdef, state = nnx.split(self.layers)
+        starts = None if kv is None else kv[2]
+
+        def body(x: Array, xs: Any) -> tuple[Array, Any]:
+            layer_state, is_sliding, kv_layer = xs
+            block = nnx.merge(graphdef, layer_state)
+            (sin, cos), mask = angles, masks
+            if mixed:
+                (sin, cos) = jax.tree.map(lambda f, s: jnp.where(is_sliding, s, f), *angles)
+                mask = jnp.where(is_sliding, masks[1], masks[0])
+            write = None
+            if kv_layer is not None:
+
+                def write(k_new: Array, v_new: Array) -> tuple[Array, Array, Any]:
+                    k_buf = kv_cache.write_rows(kv_layer[0], k_new, starts)
+                    v_buf = kv_cache.write_rows(kv_layer[1], v_new, starts)
+                    return k_buf, v_buf, (k_buf, v_buf)
+
+            return block(x, sin, cos, mask, write)
+
+        if self.remat != "none":
+            body = jax.checkpoint(body, policy=_REMAT_POLICIES[self.remat])
+        kv_xs = None if kv is None else (kv[0], kv[1])
+        return jax.lax.scan(body, x, (state, sliding, kv_xs))

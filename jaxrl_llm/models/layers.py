@@ -1,0 +1,285 @@
+"""Building blocks of the decoder: RMSNorm, rotary embeddings, GQA attention, gated MLP.
+
+Conventions (shape letters of DESIGN.md, plus H query heads, K key/value heads, Hd head
+dimension, F MLP width, T key length):
+
+- Every parameter is an `nnx.Param` whose `out_sharding` metadata holds its logical axis names
+  (`embed`, `mlp`, `heads`, `kv_heads`, `head_dim`, `vocab`, `norm`); `sharding.rules` maps them
+  to mesh axes. Eager sharding is off: the model never touches a mesh.
+- Parameters are stored in `param_dtype` and cast to the compute `dtype` where they are used.
+  Norm statistics, rotary, attention logits and the softmax run in float32.
+- Projection kernels are stored input-axis first: q `[D, H, Hd]`, k/v `[D, K, Hd]`,
+  o `[H, Hd, D]`, gate/up `[D, F]`, down `[F, D]`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxrl_llm.models.config import ModelConfig, RopeConfig
+
+Array = jax.Array
+_INIT_STD = 0.02  # the families' `initializer_range`
+
+
+def make_param(
+    key: Array, shape: tuple[int, ...], names: tuple[str | None, ...], param_dtype: Any, init: str
+) -> nnx.Param:
+    """An `nnx.Param` with logical axis names; `init` is "normal" (std 0.02), "zeros" or "ones"."""
+    if init == "normal":
+        value = _INIT_STD * jax.random.normal(key, shape, jnp.float32)
+    elif init == "zeros":
+        value = jnp.zeros(shape, jnp.float32)
+    elif init == "ones":
+        value = jnp.ones(shape, jnp.float32)
+    else:
+        raise ValueError(f"make_param: unknown init {init!r} (normal, zeros, ones).")
+    return nnx.Param(value.astype(param_dtype), out_sharding=names, eager_sharding=False)
+
+
+class RMSNorm(nnx.Module):
+    """Root-mean-square norm over the last axis: `y = x / sqrt(mean(x²) + eps) · scale`.
+
+    With `plus_one` (Gemma) the scale is `1 + w` and `w` starts at zero; the product is taken in
+    float32 before the cast. Otherwise (Llama, Qwen) the normalised value is cast to the input
+    dtype first and then multiplied by `w`, as the reference implementations do.
+
+    Examples:
+      >>> norm = RMSNorm(4, eps=1e-6, plus_one=False, rngs=nnx.Rngs(0))
+      >>> norm(jnp.array([[1.0, -1.0, 1.0, -1.0]]))
+      Array([[ 1., -1.,  1., -1.]], dtype=float32)
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        *,
+        eps: float,
+        plus_one: bool,
+        names: tuple[str, ...] = ("norm",),
+        param_dtype: Any = jnp.float32,
+        rngs: nnx.Rngs,
+    ):
+        init = "zeros" if plus_one else "ones"
+        self.scale = make_param(rngs.params(), (dim,), names, param_dtype, init)
+        self.eps = eps
+        self.plus_one = plus_one
+
+    def __call__(self, x: Array) -> Array:
+        x32 = x.astype(jnp.float32)
+        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        scale = self.scale[...]
+        if self.plus_one:
+            return (normed * (1.0 + scale.astype(jnp.float32))).astype(x.dtype)
+        return scale.astype(x.dtype) * normed.astype(x.dtype)
+
+
+def rope_inv_freq(rope: RopeConfig, head_dim: int) -> np.ndarray:
+    """Inverse frequencies `[Hd/2]` (float32) of `rope`, with its scaling applied.
+
+    Examples:
+      >>> rope_inv_freq(RopeConfig(theta=10000.0), 4)
+      array([1.  , 0.01], dtype=float32)
+    """
+    exponents = np.arange(0, head_dim, 2, dtype=np.float64) / head_dim
+    inv_freq = 1.0 / rope.theta**exponents
+    if rope.kind == "linear":
+        inv_freq = inv_freq / rope.factor
+    elif rope.kind == "llama3":
+        old_len = rope.original_max_position_embeddings
+        wavelen = 2 * np.pi / inv_freq
+        low_freq_wavelen = old_len / rope.low_freq_factor
+        high_freq_wavelen = old_len / rope.high_freq_factor
+        smooth = (old_len / wavelen - rope.low_freq_factor) / (
+            rope.high_freq_factor - rope.low_freq_factor
+        )
+        interpolated = (1 - smooth) * inv_freq / rope.factor + smooth * inv_freq
+        inv_freq = np.where(
+            wavelen > low_freq_wavelen,
+            inv_freq / rope.factor,
+            np.where(wavelen < high_freq_wavelen, inv_freq, interpolated),
+        )
+    return inv_freq.astype(np.float32)
+
+
+def rope_angles(positions: Array, inv_freq: np.ndarray) -> tuple[Array, Array]:
+    """`(sin, cos)`, each `[N, S, Hd/2]` float32, of `positions[N, S]` times `inv_freq`."""
+    angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)
+    return jnp.sin(angles), jnp.cos(angles)
+
+
+def apply_rope(x: Array, sin: Array, cos: Array) -> Array:
+    """Rotate `x[N, S, heads, Hd]` by the angles (rotate-half layout: pairs `(i, i + Hd/2)`).
+
+    Examples:
+      >>> x = jnp.array([[[[1.0, 0.0]]]])  # one head, Hd=2
+      >>> sin, cos = rope_angles(jnp.array([[0]]), np.array([1.0], np.float32))
+      >>> apply_rope(x, sin, cos)
+      Array([[[[1., 0.]]]], dtype=float32)
+    """
+    half = x.shape[-1] // 2
+    x32 = x.astype(jnp.float32)
+    x1, x2 = x32[..., :half], x32[..., half:]
+    sin, cos = sin[:, :, None, :], cos[:, :, None, :]
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x.dtype)
+
+
+def attend(
+    q: Array, k: Array, v: Array, mask: Array, *, scale: float, softcap: float | None
+) -> Array:
+    """Grouped-query softmax attention.
+
+    Args:
+      q: queries `[N, S, H, Hd]`.
+      k: keys `[N, T, K, Hd]`, with `H` a multiple of `K` (query head `h` reads kv head
+        `h // (H // K)`).
+      v: values `[N, T, K, Hd]`.
+      mask: `[N, S, T]` bool, True where query `s` may attend to key `t`.
+      scale: multiplier of `q·k`.
+      softcap: if set, logits become `softcap · tanh(logits / softcap)` (Gemma 2).
+
+    Returns:
+      `[N, S, H, Hd]` in `q`'s dtype. Logits and softmax are float32; a fully masked row
+      (padding) attends uniformly instead of producing NaN.
+    """
+    N, S, H, Hd = q.shape
+    K = k.shape[2]
+    qg = q.reshape(N, S, K, H // K, Hd)
+    logits = jnp.einsum("nskgh,ntkh->nkgst", qg, k, preferred_element_type=jnp.float32)
+    logits = logits * scale
+    if softcap is not None:
+        logits = softcap * jnp.tanh(logits / softcap)
+    logits = jnp.where(mask[:, None, None], logits, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
+    out = jnp.einsum("nkgst,ntkh->nskgh", probs, v)
+    return out.reshape(N, S, H, Hd)
+
+
+class Attention(nnx.Module):
+    """Multi-head attention with GQA, optional biases, optional QK-norm and rotary.
+
+    `__call__(x[N,S,D], sin, cos, mask[N,S,T], kv=None)` projects, normalises (QK-norm), rotates,
+    and attends. `kv` is an optional `(write, read)` pair: `write(k, v)` stores the new keys and
+    values `[N, S, K, Hd]` into a cache and returns the `[N, T, K, Hd]` keys and values to attend
+    to (see `cache.py`); without it the keys are this call's own.
+    """
+
+    def __init__(self, config: ModelConfig, *, dtype: Any, param_dtype: Any, rngs: nnx.Rngs):
+        D, H, K, Hd = config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim
+        emb = ("embed",)
+
+        def param(shape, names, init="normal"):
+            return make_param(rngs.params(), shape, names, param_dtype, init)
+
+        self.q = param((D, H, Hd), (*emb, "heads", "head_dim"))
+        self.k = param((D, K, Hd), (*emb, "kv_heads", "head_dim"))
+        self.v = param((D, K, Hd), (*emb, "kv_heads", "head_dim"))
+        self.o = param((H, Hd, D), ("heads", "head_dim", *emb))
+        if config.qkv_bias:
+            self.q_bias = param((H, Hd), ("heads", "head_dim"), "zeros")
+            self.k_bias = param((K, Hd), ("kv_heads", "head_dim"), "zeros")
+            self.v_bias = param((K, Hd), ("kv_heads", "head_dim"), "zeros")
+        if config.o_bias:
+            self.o_bias = param((D,), emb, "zeros")
+        if config.qk_norm:
+            norm = {"eps": config.rms_norm_eps, "plus_one": config.norm_plus_one}
+            self.q_norm = RMSNorm(
+                Hd, names=("head_dim",), param_dtype=param_dtype, rngs=rngs, **norm
+            )
+            self.k_norm = RMSNorm(
+                Hd, names=("head_dim",), param_dtype=param_dtype, rngs=rngs, **norm
+            )
+        self.config = config
+        self.dtype = dtype
+
+    def _project(self, x: Array, name: str) -> Array:
+        out = jnp.einsum("nsd,dkh->nskh", x, getattr(self, name)[...].astype(self.dtype))
+        if self.config.qkv_bias:
+            out = out + getattr(self, f"{name}_bias")[...].astype(self.dtype)
+        return out
+
+    def __call__(
+        self, x: Array, sin: Array, cos: Array, mask: Array, kv: Any = None
+    ) -> tuple[Array, Any]:
+        cfg = self.config
+        q, k, v = self._project(x, "q"), self._project(x, "k"), self._project(x, "v")
+        if cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, sin, cos), apply_rope(k, sin, cos)
+        written = None
+        if kv is not None:
+            k, v, written = kv(k, v)
+        out = attend(q, k, v, mask, scale=cfg.attention_scale, softcap=cfg.attn_logit_softcap)
+        out = jnp.einsum("nshk,hkd->nsd", out, self.o[...].astype(self.dtype))
+        if cfg.o_bias:
+            out = out + self.o_bias[...].astype(self.dtype)
+        return out, written
+
+
+_ACT = {
+    "silu": jax.nn.silu,
+    "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+}
+
+
+class MLP(nnx.Module):
+    """Gated MLP: `down(act(x @ gate) * (x @ up))` (SwiGLU with silu, GeGLU with gelu)."""
+
+    def __init__(self, config: ModelConfig, *, dtype: Any, param_dtype: Any, rngs: nnx.Rngs):
+        D, F = config.hidden_size, config.intermediate_size
+        self.gate = make_param(rngs.params(), (D, F), ("embed", "mlp"), param_dtype, "normal")
+        self.up = make_param(rngs.params(), (D, F), ("embed", "mlp"), param_dtype, "normal")
+        self.down = make_param(rngs.params(), (F, D), ("mlp", "embed"), param_dtype, "normal")
+        self.activation = config.activation
+        self.dtype = dtype
+
+    def __call__(self, x: Array) -> Array:
+        gate = x @ self.gate[...].astype(self.dtype)
+        up = x @ self.up[...].astype(self.dtype)
+        return (_ACT[self.activation](gate) * up) @ self.down[...].astype(self.dtype)
+
+
+class Block(nnx.Module):
+    """One decoder layer: pre-norm attention and MLP with residual adds.
+
+    Llama/Qwen/Gemma: `h = x + attn(attn_norm(x))`, `y = h + mlp(mlp_norm(h))`. With
+    `sandwich_norm` (Gemma 2/3) each sub-layer's output is normalised again
+    (`attn_post_norm`, `mlp_post_norm`) before the residual add.
+    """
+
+    def __init__(self, config: ModelConfig, *, dtype: Any, param_dtype: Any, rngs: nnx.Rngs):
+        kw = {"dtype": dtype, "param_dtype": param_dtype, "rngs": rngs}
+        norm = {
+            "eps": config.rms_norm_eps,
+            "plus_one": config.norm_plus_one,
+            "param_dtype": param_dtype,
+            "rngs": rngs,
+        }
+        D = config.hidden_size
+        self.attn_norm = RMSNorm(D, **norm)
+        self.attn = Attention(config, **kw)
+        self.mlp_norm = RMSNorm(D, **norm)
+        self.mlp = MLP(config, **kw)
+        if config.sandwich_norm:
+            self.attn_post_norm = RMSNorm(D, **norm)
+            self.mlp_post_norm = RMSNorm(D, **norm)
+        self.sandwich = config.sandwich_norm
+
+    def __call__(
+        self, x: Array, sin: Array, cos: Array, mask: Array, kv: Any = None
+    ) -> tuple[Array, Any]:
+        h, written = self.attn(self.attn_norm(x), sin, cos, mask, kv)
+        if self.sandwich:
+            h = self.attn_post_norm(h)
+        x = x + h
+        h = self.mlp(self.mlp_norm(x))
+        if self.sandwich:
+            h = self.mlp_post_norm(h)
+        return x + h, written

@@ -1,0 +1,197 @@
+"""Tokenizers: Hugging Face tokenizers from a local directory, and a file-free byte tokenizer.
+
+Both implement one small interface, used by the data pipeline and the sampler:
+
+- `encode(text) -> list[int]`, `decode(ids) -> str`;
+- `batch_encode(texts, padding_side=..., max_length=...) -> (tokens[N, S] int32, mask[N, S] bool)`,
+  padded to the longest row with `pad_id` (left padding is what the sampler wants: every
+  prompt then ends in the same column);
+- `render(prompt)`: the prompt text the model sees. With a chat template a prompt may be a
+  list of `{"role", "content"}` messages and is rendered with the generation prompt appended;
+  without one it must be a string and is used as is;
+- `pad_id`, `bos_id`, `eos_id`, `vocab_size`.
+
+`load_tokenizer("byte")` gives the `ByteTokenizer`; any other path must be a local directory
+holding a `transformers` tokenizer (nothing is downloaded).
+"""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import numpy as np
+
+Prompt = str | Sequence[dict[str, str]]
+PaddingSide = Literal["left", "right"]
+
+
+def _pad(
+    rows: list[list[int]], pad_id: int, padding_side: PaddingSide, max_length: int | None
+) -> tuple[np.ndarray, np.ndarray]:
+    if padding_side not in ("left", "right"):
+        raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}.")
+    if max_length is not None:
+        too_long = [i for i, r in enumerate(rows) if len(r) > max_length]
+        if too_long:
+            raise ValueError(f"rows {too_long} are longer than max_length={max_length} tokens.")
+    width = max_length if max_length is not None else max((len(r) for r in rows), default=0)
+    tokens = np.full((len(rows), width), pad_id, np.int32)
+    mask = np.zeros((len(rows), width), bool)
+    for i, row in enumerate(rows):
+        cols = slice(width - len(row), width) if padding_side == "left" else slice(0, len(row))
+        tokens[i, cols] = row
+        mask[i, cols] = True
+    return tokens, mask
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as tokens: ids 0-255 are bytes, then PAD=256, BOS=257, EOS=258.
+
+    Needs no files; for the built-in tasks, demos and tests. Its chat format is a plain
+    `"<role>: <content>\\n"` per message followed by `"assistant: "`.
+
+    Examples:
+      >>> tok = ByteTokenizer()
+      >>> tok.encode("hi"), tok.vocab_size
+      ([257, 104, 105], 259)
+      >>> tok.decode([257, 104, 105, 258, 256])
+      'hi'
+      >>> tokens, mask = tok.batch_encode(["a", "abc"], add_bos=False)
+      >>> tokens.tolist(), mask.sum(axis=1).tolist()
+      ([[256, 256, 97], [97, 98, 99]], [1, 3])
+    """
+
+    pad_id = 256
+    bos_id = 257
+    eos_id = 258
+    vocab_size = 259
+
+    def __init__(self, *, chat_template: bool = False):
+        self.chat_template = chat_template
+
+    def encode(self, text: str, *, add_bos: bool = True, add_eos: bool = False) -> list[int]:
+        """Token ids of `text`, optionally framed by BOS / EOS."""
+        ids = list(text.encode("utf-8"))
+        return [self.bos_id] * add_bos + ids + [self.eos_id] * add_eos
+
+    def decode(self, ids: Sequence[int], *, skip_special: bool = True) -> str:
+        """Text of `ids`; special tokens dropped (or shown as `<pad>`, `<bos>`, `<eos>`)."""
+        names = {self.pad_id: "<pad>", self.bos_id: "<bos>", self.eos_id: "<eos>"}
+        out, pending = [], bytearray()
+        for i in (int(i) for i in ids):
+            if 0 <= i < 256:
+                pending.append(i)
+                continue
+            if i not in names:
+                raise ValueError(f"ByteTokenizer.decode: id {i} is outside the vocabulary (259).")
+            out.append(pending.decode("utf-8", errors="replace"))
+            pending = bytearray()
+            if not skip_special:
+                out.append(names[i])
+        out.append(pending.decode("utf-8", errors="replace"))
+        return "".join(out)
+
+    def batch_encode(
+        self,
+        texts: Sequence[str],
+        *,
+        padding_side: PaddingSide = "left",
+        max_length: int | None = None,
+        add_bos: bool = True,
+        add_eos: bool = False,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """`(tokens[N, S] int32, mask[N, S] bool)`, padded with `pad_id` on `padding_side`."""
+        rows = [self.encode(t, add_bos=add_bos, add_eos=add_eos) for t in texts]
+        return _pad(rows, self.pad_id, padding_side, max_length)
+
+    def render(self, prompt: Prompt) -> str:
+        """The prompt text: messages in the plain chat format, or a string as is."""
+        if isinstance(prompt, str):
+            return prompt
+        if not self.chat_template:
+            raise ValueError("a list of messages needs chat_template=True.")
+        lines = [f"{m['role']}: {m['content']}\n" for m in prompt]
+        return "".join(lines) + "assistant: "
+
+
+class HFTokenizer:
+    """A `transformers` tokenizer behind the same interface as `ByteTokenizer`."""
+
+    def __init__(self, tokenizer: Any, *, chat_template: bool | str = False):
+        if chat_template is True and not tokenizer.chat_template:
+            raise ValueError(
+                "chat_template=True, but this tokenizer has no chat template; pass the template "
+                "as a string or use chat_template=False."
+            )
+        if isinstance(chat_template, str):
+            tokenizer.chat_template = chat_template
+        self.tokenizer = tokenizer
+        self.chat_template = bool(chat_template)
+        self.eos_id = tokenizer.eos_token_id
+        self.bos_id = tokenizer.bos_token_id
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
+        if self.pad_id is None:
+            raise ValueError("the tokenizer defines neither a pad nor an eos token.")
+        self.vocab_size = len(tokenizer)
+
+    def encode(self, text: str, *, add_bos: bool = True, add_eos: bool = False) -> list[int]:
+        """Token ids of `text` (the tokenizer's own special tokens when `add_bos`)."""
+        ids = self.tokenizer.encode(text, add_special_tokens=add_bos)
+        return ids + [self.eos_id] * (add_eos and self.eos_id is not None)
+
+    def decode(self, ids: Sequence[int], *, skip_special: bool = True) -> str:
+        """Text of `ids`."""
+        return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=skip_special)
+
+    def batch_encode(
+        self,
+        texts: Sequence[str],
+        *,
+        padding_side: PaddingSide = "left",
+        max_length: int | None = None,
+        add_bos: bool = True,
+        add_eos: bool = False,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """`(tokens[N, S] int32, mask[N, S] bool)`, padded with `pad_id` on `padding_side`."""
+        rows = [self.encode(t, add_bos=add_bos, add_eos=add_eos) for t in texts]
+        return _pad(rows, self.pad_id, padding_side, max_length)
+
+    def render(self, prompt: Prompt) -> str:
+        """The prompt text: messages through the chat template (with the generation prompt)."""
+        if isinstance(prompt, str) and not self.chat_template:
+            return prompt
+        if not self.chat_template:
+            raise ValueError("a list of messages needs chat_template=True (or a template string).")
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        return self.tokenizer.apply_chat_template(
+            list(messages), tokenize=False, add_generation_prompt=True
+        )
+
+
+def load_tokenizer(
+    path: str | pathlib.Path, *, chat_template: bool | str = False
+) -> ByteTokenizer | HFTokenizer:
+    """`"byte"` → `ByteTokenizer`; a local directory → its `transformers` tokenizer.
+
+    Args:
+      path: `"byte"` or a directory with `tokenizer.json` / `tokenizer_config.json`.
+      chat_template: False renders prompts as given; True uses the tokenizer's chat template
+        (an error if it has none); a string is a Jinja template that replaces it.
+
+    Examples:
+      >>> load_tokenizer("byte").eos_id
+      258
+    """
+    if str(path) == "byte":
+        if isinstance(chat_template, str):
+            raise ValueError("the byte tokenizer has a fixed chat format; use chat_template=True.")
+        return ByteTokenizer(chat_template=bool(chat_template))
+    path = pathlib.Path(path)
+    if not path.is_dir():
+        raise ValueError(f"tokenizer path {path} is not a local directory (nor 'byte').")
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    return HFTokenizer(tokenizer, chat_template=chat_template)

@@ -1,0 +1,94 @@
+"""Logits parity with `transformers` (the numerical reference) and checkpoint round trips."""
+
+from __future__ import annotations
+
+import json
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+from jaxrl_llm.models import ModelConfig, from_pretrained, save_pretrained
+from tests.models.conftest import (
+    FAMILIES,
+    jit_forward,
+    positions_for,
+    random_tokens,
+    torch,
+    torch_logits,
+    transformers,
+)
+
+TOL = 1e-4  # float32, max abs difference of logits
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_loaded_checkpoint_matches_transformers(hf_checkpoints, family):
+    torch_model, path = hf_checkpoints[family]
+    tokens = random_tokens((3, 11), seed=1)
+    model = from_pretrained(path)
+    ours = jit_forward(model, tokens, positions_for(tokens))
+    ref = torch_logits(torch_model, tokens)
+    assert ours.dtype == np.float32 and ours.shape == ref.shape
+    np.testing.assert_allclose(ours, ref, atol=TOL, rtol=0)
+    assert np.abs(ref).max() > 1.0  # the comparison is not between near-zero logits
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_save_pretrained_round_trips_through_transformers(hf_checkpoints, family, tmp_path):
+    _, path = hf_checkpoints[family]
+    model = from_pretrained(path)
+    save_pretrained(model, tmp_path)
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    reloaded.config._attn_implementation = "eager"
+    tokens = random_tokens((2, 9), seed=2)
+    ours = jit_forward(model, tokens, positions_for(tokens))
+    np.testing.assert_allclose(torch_logits(reloaded.eval(), tokens), ours, atol=TOL, rtol=0)
+    assert ModelConfig.from_json_file(tmp_path) == model.config
+
+
+def test_sharded_index_is_written_and_read(hf_checkpoints, tmp_path):
+    torch_model, path = hf_checkpoints["qwen3"]
+    save_pretrained(from_pretrained(path), tmp_path, max_shard_bytes=20_000)
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    files = sorted(set(index["weight_map"].values()))
+    assert len(files) > 2 and not (tmp_path / "model.safetensors").exists()
+    assert files[0] == f"model-00001-of-{len(files):05d}.safetensors"
+    tokens = random_tokens((2, 6), seed=3)
+    ours = jit_forward(from_pretrained(tmp_path), tokens, positions_for(tokens))
+    np.testing.assert_allclose(ours, torch_logits(torch_model, tokens), atol=TOL, rtol=0)
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    np.testing.assert_allclose(torch_logits(reloaded.eval(), tokens), ours, atol=TOL, rtol=0)
+
+
+def test_bfloat16_checkpoint_and_dtype_policy(hf_checkpoints, tmp_path):
+    torch_model, _ = hf_checkpoints["llama"]
+    torch_model.to(torch.bfloat16).save_pretrained(tmp_path)
+    torch_model.to(torch.float32)
+    ref_embed = (
+        transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16)
+        .model.embed_tokens.weight.float()
+        .detach()
+        .numpy()
+    )
+    f32 = from_pretrained(tmp_path)  # bf16 on disk, upcast exactly on the host
+    assert f32.embed[...].dtype == jnp.float32
+    np.testing.assert_array_equal(np.asarray(f32.embed[...]), ref_embed)
+    mixed = from_pretrained(tmp_path, dtype=jnp.bfloat16, param_dtype=jnp.float32)
+    bf16 = from_pretrained(tmp_path, dtype=jnp.bfloat16, param_dtype=jnp.bfloat16)
+    assert mixed.layers.attn.q[...].dtype == jnp.float32
+    assert bf16.layers.attn.q[...].dtype == jnp.bfloat16
+    tokens = random_tokens((2, 5), seed=4)
+    for model in (mixed, bf16):
+        hidden = model.hidden_states(jnp.asarray(tokens), jnp.asarray(positions_for(tokens)))
+        assert hidden.dtype == jnp.bfloat16
+        assert model.logits(hidden).dtype == jnp.float32
+    save_pretrained(bf16, tmp_path / "out")
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["dtype"] == "bfloat16"
+    again = from_pretrained(tmp_path / "out", param_dtype=jnp.bfloat16)
+    np.testing.assert_array_equal(
+        np.asarray(again.layers.mlp.down[...]), np.asarray(bf16.layers.mlp.down[...])
+    )

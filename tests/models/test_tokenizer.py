@@ -1,0 +1,80 @@
+"""Tokenizers: the byte tokenizer and a local `transformers` tokenizer (built in the test)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from jaxrl_llm.tokenizer import ByteTokenizer, load_tokenizer
+
+TEMPLATE = (
+    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}</s>{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+
+
+def test_byte_tokenizer_round_trips_unicode_and_pads_both_sides():
+    tok = ByteTokenizer()
+    text = "héllo, 世界"
+    ids = tok.encode(text, add_eos=True)
+    assert ids[0] == tok.bos_id and ids[-1] == tok.eos_id and max(ids) < tok.vocab_size
+    assert tok.decode(ids) == text
+    assert tok.decode(ids, skip_special=False) == f"<bos>{text}<eos>"
+    left, left_mask = tok.batch_encode(["ab", "abcd"], add_bos=False)
+    right, right_mask = tok.batch_encode(["ab", "abcd"], add_bos=False, padding_side="right")
+    assert left.tolist()[0] == [256, 256, 97, 98] and right.tolist()[0] == [97, 98, 256, 256]
+    np.testing.assert_array_equal(left[left_mask], right[right_mask])
+    assert left.dtype == np.int32 and left_mask.dtype == bool
+    with pytest.raises(ValueError, match=r"rows \[1\] are longer than max_length=3"):
+        tok.batch_encode(["ab", "abcd"], add_bos=False, max_length=3)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        tok.decode([300])
+
+
+def test_byte_tokenizer_chat_format():
+    tok = load_tokenizer("byte", chat_template=True)
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "2+2?"}]
+    assert tok.render(messages) == "system: be brief\nuser: 2+2?\nassistant: "
+    with pytest.raises(ValueError, match="needs chat_template=True"):
+        load_tokenizer("byte").render(messages)
+
+
+@pytest.fixture
+def hf_tokenizer_dir(tmp_path):
+    tokenizers = pytest.importorskip("tokenizers")
+    transformers = pytest.importorskip("transformers")
+    words = ["<pad>", "<s>", "</s>", "<unk>", "the", "cat", "sat", "<user>", "<assistant>"]
+    model = tokenizers.models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>")
+    backend = tokenizers.Tokenizer(model)
+    backend.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+    )
+    fast.chat_template = TEMPLATE
+    fast.save_pretrained(tmp_path)
+    return tmp_path
+
+
+def test_local_transformers_tokenizer(hf_tokenizer_dir):
+    tok = load_tokenizer(hf_tokenizer_dir)
+    assert (tok.pad_id, tok.bos_id, tok.eos_id, tok.vocab_size) == (0, 1, 2, 9)
+    assert tok.encode("the cat sat", add_bos=False, add_eos=True) == [4, 5, 6, 2]
+    assert tok.decode([4, 5, 2]) == "the cat"
+    tokens, mask = tok.batch_encode(["the", "the cat sat"], add_bos=False)
+    assert tokens.tolist() == [[0, 0, 4], [4, 5, 6]] and mask.sum() == 4
+    assert tok.render("the cat") == "the cat"
+    chat = load_tokenizer(hf_tokenizer_dir, chat_template=True)
+    assert chat.render([{"role": "user", "content": "the cat"}]) == "<user>the cat</s><assistant>"
+    custom = load_tokenizer(hf_tokenizer_dir, chat_template="{{ messages[0]['content'] }}!")
+    assert custom.render("sat") == "sat!"
+
+
+def test_tokenizer_errors(tmp_path):
+    with pytest.raises(ValueError, match="is not a local directory"):
+        load_tokenizer(tmp_path / "missing")
+    with pytest.raises(ValueError, match="fixed chat format"):
+        load_tokenizer("byte", chat_template="{{ x }}")

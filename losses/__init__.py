@@ -14,6 +14,11 @@ Modules, one concept each:
 * `advantages` — outcome-level (group) estimators; `returns` — token-level returns, GAE.
 * `ppo`, `gspo`, `sapo`, `cispo`, `gmpo`, `covariance`, `bapo` — policy losses.
 * `value`, `rollout_correction`, `entropy_mask` — critic loss, train/rollout mismatch, token masks.
+* `dppo`, `dro`, `disco`, `vespo`, `nft`, `hybrid`, `ratio_variance`, `offline_pg` — policy losses
+  of the seed papers (trust regions, discriminative, negative-aware, offline and off-policy).
+* `segments`, `step_credit`, `tree_credit`, `token_baseline`, `step_losses` — credit assignment
+  below the sequence: steps, turns, prefix trees, per-position baselines, step-level losses.
+* `reward_model`, `process_reward`, `self_reward` — reward-model, PRM and self-reward losses.
 """
 
 from losses.advantages import (
@@ -33,9 +38,21 @@ from losses.aggregation import AGG_MODES, aggregate
 from losses.bapo import bapo_clip_bounds, bapo_loss, clip_bound_grid
 from losses.cispo import cispo_loss
 from losses.covariance import clip_cov_loss, kl_cov_loss
+from losses.disco import (
+    disco_loss,
+)
+from losses.dppo import (
+    dppo_loss,
+)
+from losses.dro import (
+    dro_loss,
+)
 from losses.entropy_mask import high_entropy_mask, masked_quantile
 from losses.gmpo import gmpo_loss
 from losses.gspo import gspo_loss
+from losses.hybrid import (
+    hybrid_ratio_loss,
+)
 from losses.kl import (
     KLController,
     KLControllerState,
@@ -58,7 +75,29 @@ from losses.logprobs import (
     token_logprobs,
 )
 from losses.masked import masked_count, masked_mean, masked_sum, masked_var, masked_whiten
+from losses.nft import (
+    nft_loss,
+)
+from losses.offline_pg import (
+    alol_loss,
+    gated_sft_loss,
+    mirror_descent_loss,
+    shaped_offpolicy_loss,
+)
 from losses.ppo import ppo_clip_loss, reinforce_loss
+from losses.process_reward import (
+    aggregate_step_scores,
+    implicit_prm_loss,
+    implicit_process_rewards,
+    mc_step_labels,
+    prm_bce_loss,
+    prm_mse_loss,
+    scatter_step_rewards,
+)
+from losses.ratio_variance import (
+    dual_ascent_update,
+    ratio_variance_loss,
+)
 from losses.returns import (
     discounted_returns,
     gae,
@@ -67,18 +106,71 @@ from losses.returns import (
     reinforce_pp_baseline_advantages,
     remax_advantages,
 )
+from losses.reward_model import (
+    bradley_terry_loss,
+    debiased_preference,
+    infonce_loss,
+    log_exp_pairwise_loss,
+    plackett_luce_logprob,
+    rewards_as_labels_loss,
+    soft_bradley_terry_loss,
+    verdict_probability,
+    win_rate_rewards,
+)
 from losses.rollout_correction import (
     rollout_correction_weights,
     rollout_mismatch_metrics,
     rollout_rejection_mask,
 )
 from losses.sapo import sapo_loss
+from losses.segments import (
+    divergence_suffix_mask,
+    multi_turn_loss_mask,
+    run_length_segments,
+    segment_broadcast,
+    segment_ids_from_boundaries,
+    segment_reduce,
+    segment_standardize,
+    turn_ids_from_roles,
+)
+from losses.self_reward import (
+    laser_loss,
+    laser_self_rewards,
+    last_valid_logits,
+    pass_at_k,
+)
+from losses.step_credit import (
+    anchor_state_advantages,
+    budget_weighted_returns,
+    critique_token_rewards,
+    dual_level_advantages,
+    information_gain_rewards,
+    sibling_advantages,
+    step_advantages,
+    step_min_form_returns,
+)
+from losses.step_losses import (
+    awr_loss,
+    direct_advantage_step_loss,
+    progress_attribution_loss,
+    soft_bellman_losses,
+)
+from losses.token_baseline import (
+    optimal_token_baseline_advantages,
+)
+from losses.tree_credit import (
+    prefix_tree_values,
+    tempo_advantages,
+)
 from losses.value import (
     RunningMoments,
     init_running_moments,
     normalize_rewards,
     running_moments_update,
     value_loss,
+)
+from losses.vespo import (
+    vespo_loss,
 )
 
 __all__ = [
@@ -89,20 +181,36 @@ __all__ = [
     "adaptive_kl_controller",
     "adaptive_kl_update",
     "aggregate",
+    "aggregate_step_scores",
+    "alol_loss",
+    "anchor_state_advantages",
+    "awr_loss",
     "bapo_clip_bounds",
     "bapo_loss",
     "bnpo_advantages",
+    "bradley_terry_loss",
     "broadcast_to_tokens",
+    "budget_weighted_returns",
     "cispo_loss",
     "clip_bound_grid",
     "clip_cov_loss",
     "completion_logits",
+    "critique_token_rewards",
+    "debiased_preference",
+    "direct_advantage_step_loss",
+    "disco_loss",
     "discounted_returns",
+    "divergence_suffix_mask",
+    "dppo_loss",
+    "dro_loss",
+    "dual_ascent_update",
+    "dual_level_advantages",
     "entropy_from_logits",
     "fixed_kl_controller",
     "from_groups",
     "full_kl",
     "gae",
+    "gated_sft_loss",
     "gdpo_advantages",
     "gmpo_loss",
     "gpg_advantages",
@@ -111,12 +219,21 @@ __all__ = [
     "group_advantages_flat",
     "gspo_loss",
     "high_entropy_mask",
+    "hybrid_ratio_loss",
+    "implicit_prm_loss",
+    "implicit_process_rewards",
+    "infonce_loss",
+    "information_gain_rewards",
     "init_running_moments",
     "kl_cov_loss",
     "kl_estimate",
     "kl_loss",
     "kl_penalized_rewards",
     "kl_penalized_scores",
+    "laser_loss",
+    "laser_self_rewards",
+    "last_valid_logits",
+    "log_exp_pairwise_loss",
     "log_sum_pi_squared",
     "masked_count",
     "masked_mean",
@@ -124,26 +241,56 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "mc_step_labels",
     "min_form_returns",
+    "mirror_descent_loss",
+    "multi_turn_loss_mask",
+    "nft_loss",
     "normalize_rewards",
     "opo_advantages",
+    "optimal_token_baseline_advantages",
+    "pass_at_k",
     "passk_advantages",
+    "plackett_luce_logprob",
     "ppo_clip_loss",
+    "prefix_tree_values",
+    "prm_bce_loss",
+    "prm_mse_loss",
+    "progress_attribution_loss",
+    "ratio_variance_loss",
     "reinforce_loss",
     "reinforce_pp_advantages",
     "reinforce_pp_baseline_advantages",
     "remax_advantages",
+    "rewards_as_labels_loss",
     "rloo_advantages",
     "rloo_advantages_flat",
     "rollout_correction_weights",
     "rollout_mismatch_metrics",
     "rollout_rejection_mask",
+    "run_length_segments",
     "running_moments_update",
     "sapo_loss",
+    "scatter_step_rewards",
+    "segment_broadcast",
+    "segment_ids_from_boundaries",
+    "segment_reduce",
+    "segment_standardize",
     "self_certainty",
     "sequence_logprob",
+    "shaped_offpolicy_loss",
+    "sibling_advantages",
+    "soft_bellman_losses",
+    "soft_bradley_terry_loss",
+    "step_advantages",
+    "step_min_form_returns",
+    "tempo_advantages",
     "to_groups",
     "token_logprobs",
+    "turn_ids_from_roles",
     "value_loss",
+    "verdict_probability",
+    "vespo_loss",
+    "win_rate_rewards",
     "zero_variance_mask",
 ]

@@ -19,6 +19,8 @@ Modules, one concept each:
 * `segments`, `step_credit`, `tree_credit`, `token_baseline`, `step_losses` — credit assignment
   below the sequence: steps, turns, prefix trees, per-position baselines, step-level losses.
 * `reward_model`, `process_reward`, `self_reward` — reward-model, PRM and self-reward losses.
+* `length_rewards`, `reward_combination`, `robust_rewards`, `label_free`, `likelihood_rewards`,
+  `process_shaping`, `dynamic_sampling` — reward shaping and combination, zero-variance groups.
 """
 
 from losses.advantages import (
@@ -47,6 +49,12 @@ from losses.dppo import (
 from losses.dro import (
     dro_loss,
 )
+from losses.dynamic_sampling import (
+    GroupSelection,
+    dynamic_sampling_mask,
+    keep_groups_mask,
+    select_kept_groups,
+)
 from losses.entropy_mask import high_entropy_mask, masked_quantile
 from losses.gmpo import gmpo_loss
 from losses.gspo import gspo_loss
@@ -65,7 +73,26 @@ from losses.kl import (
     kl_penalized_rewards,
     kl_penalized_scores,
 )
+from losses.label_free import (
+    majority_vote_rewards,
+)
 from losses.layout import broadcast_to_tokens, from_groups, to_groups
+from losses.length_rewards import (
+    accuracy_gated_rewards,
+    conciseness_gated_rewards,
+    drpo_positive_weights,
+    hapo_history_update,
+    hapo_length_rewards,
+    kimi_length_rewards,
+    mask_truncated,
+    overlong_penalty,
+    truncation_penalty,
+)
+from losses.likelihood_rewards import (
+    followup_likelihood_rewards,
+    reference_probability_rewards,
+    self_aligned_rewards,
+)
 from losses.logprobs import (
     completion_logits,
     entropy_from_logits,
@@ -94,6 +121,12 @@ from losses.process_reward import (
     prm_mse_loss,
     scatter_step_rewards,
 )
+from losses.process_shaping import (
+    clip_process_rewards,
+    delta_process_rewards,
+    potential_shaped_rewards,
+    turn_decay_rewards,
+)
 from losses.ratio_variance import (
     dual_ascent_update,
     ratio_variance_loss,
@@ -106,6 +139,16 @@ from losses.returns import (
     reinforce_pp_baseline_advantages,
     remax_advantages,
 )
+from losses.reward_combination import (
+    WeightedRewards,
+    constraint_gated_rewards,
+    format_gated_rewards,
+    gap_rewards,
+    gated_accumulated_rewards,
+    rubric_rewards,
+    self_correction_bonus,
+    weighted_rewards,
+)
 from losses.reward_model import (
     bradley_terry_loss,
     debiased_preference,
@@ -116,6 +159,11 @@ from losses.reward_model import (
     soft_bradley_terry_loss,
     verdict_probability,
     win_rate_rewards,
+)
+from losses.robust_rewards import (
+    ENSEMBLE_MODES,
+    ensemble_rewards,
+    par_rewards,
 )
 from losses.rollout_correction import (
     rollout_correction_weights,
@@ -175,9 +223,13 @@ from losses.vespo import (
 
 __all__ = [
     "AGG_MODES",
+    "ENSEMBLE_MODES",
+    "GroupSelection",
     "KLController",
     "KLControllerState",
     "RunningMoments",
+    "WeightedRewards",
+    "accuracy_gated_rewards",
     "adaptive_kl_controller",
     "adaptive_kl_update",
     "aggregate",
@@ -194,22 +246,33 @@ __all__ = [
     "cispo_loss",
     "clip_bound_grid",
     "clip_cov_loss",
+    "clip_process_rewards",
     "completion_logits",
+    "conciseness_gated_rewards",
+    "constraint_gated_rewards",
     "critique_token_rewards",
     "debiased_preference",
+    "delta_process_rewards",
     "direct_advantage_step_loss",
     "disco_loss",
     "discounted_returns",
     "divergence_suffix_mask",
     "dppo_loss",
     "dro_loss",
+    "drpo_positive_weights",
     "dual_ascent_update",
     "dual_level_advantages",
+    "dynamic_sampling_mask",
+    "ensemble_rewards",
     "entropy_from_logits",
     "fixed_kl_controller",
+    "followup_likelihood_rewards",
+    "format_gated_rewards",
     "from_groups",
     "full_kl",
     "gae",
+    "gap_rewards",
+    "gated_accumulated_rewards",
     "gated_sft_loss",
     "gdpo_advantages",
     "gmpo_loss",
@@ -218,6 +281,8 @@ __all__ = [
     "group_advantages",
     "group_advantages_flat",
     "gspo_loss",
+    "hapo_history_update",
+    "hapo_length_rewards",
     "high_entropy_mask",
     "hybrid_ratio_loss",
     "implicit_prm_loss",
@@ -225,6 +290,8 @@ __all__ = [
     "infonce_loss",
     "information_gain_rewards",
     "init_running_moments",
+    "keep_groups_mask",
+    "kimi_length_rewards",
     "kl_cov_loss",
     "kl_estimate",
     "kl_loss",
@@ -235,6 +302,8 @@ __all__ = [
     "last_valid_logits",
     "log_exp_pairwise_loss",
     "log_sum_pi_squared",
+    "majority_vote_rewards",
+    "mask_truncated",
     "masked_count",
     "masked_mean",
     "masked_quantile",
@@ -249,15 +318,19 @@ __all__ = [
     "normalize_rewards",
     "opo_advantages",
     "optimal_token_baseline_advantages",
+    "overlong_penalty",
+    "par_rewards",
     "pass_at_k",
     "passk_advantages",
     "plackett_luce_logprob",
+    "potential_shaped_rewards",
     "ppo_clip_loss",
     "prefix_tree_values",
     "prm_bce_loss",
     "prm_mse_loss",
     "progress_attribution_loss",
     "ratio_variance_loss",
+    "reference_probability_rewards",
     "reinforce_loss",
     "reinforce_pp_advantages",
     "reinforce_pp_baseline_advantages",
@@ -268,6 +341,7 @@ __all__ = [
     "rollout_correction_weights",
     "rollout_mismatch_metrics",
     "rollout_rejection_mask",
+    "rubric_rewards",
     "run_length_segments",
     "running_moments_update",
     "sapo_loss",
@@ -276,7 +350,10 @@ __all__ = [
     "segment_ids_from_boundaries",
     "segment_reduce",
     "segment_standardize",
+    "select_kept_groups",
+    "self_aligned_rewards",
     "self_certainty",
+    "self_correction_bonus",
     "sequence_logprob",
     "shaped_offpolicy_loss",
     "sibling_advantages",
@@ -287,10 +364,13 @@ __all__ = [
     "tempo_advantages",
     "to_groups",
     "token_logprobs",
+    "truncation_penalty",
+    "turn_decay_rewards",
     "turn_ids_from_roles",
     "value_loss",
     "verdict_probability",
     "vespo_loss",
+    "weighted_rewards",
     "win_rate_rewards",
     "zero_variance_mask",
 ]

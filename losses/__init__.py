@@ -21,6 +21,8 @@ Modules, one concept each:
 * `reward_model`, `process_reward`, `self_reward` — reward-model, PRM and self-reward losses.
 * `length_rewards`, `reward_combination`, `robust_rewards`, `label_free`, `likelihood_rewards`,
   `process_shaping`, `dynamic_sampling` — reward shaping and combination, zero-variance groups.
+* `dpo`, `ref_free_preference`, `kto`, `dpo_variants`, `token_dpo`, `pairwise_pg`, `pair_utils` —
+  preference losses (DPO and its loss types, SimPO/CPO/ORPO, KTO/BCO, RPO/XPO, TGDPO, pairwise PG).
 """
 
 from losses.advantages import (
@@ -42,6 +44,17 @@ from losses.cispo import cispo_loss
 from losses.covariance import clip_cov_loss, kl_cov_loss
 from losses.disco import (
     disco_loss,
+)
+from losses.dpo import (
+    DPO_LOSS_TYPES,
+    F_DIVERGENCES,
+    dpo_loss,
+)
+from losses.dpo_variants import (
+    nll_loss,
+    rpo_loss,
+    step_apo_loss,
+    xpo_loss,
 )
 from losses.dppo import (
     dppo_loss,
@@ -72,6 +85,12 @@ from losses.kl import (
     kl_loss,
     kl_penalized_rewards,
     kl_penalized_scores,
+)
+from losses.kto import (
+    KTO_LOSS_TYPES,
+    bco_loss,
+    kto_loss,
+    kto_reference_point,
 )
 from losses.label_free import (
     majority_vote_rewards,
@@ -111,6 +130,17 @@ from losses.offline_pg import (
     mirror_descent_loss,
     shaped_offpolicy_loss,
 )
+from losses.pair_utils import (
+    best_worst_pairs,
+    ld_sequence_logprob,
+    rank_consistency,
+    wpo_weights,
+)
+from losses.pairwise_pg import (
+    contrastive_pg_loss,
+    pairwise_ppo_loss,
+    relative_regression_loss,
+)
 from losses.ppo import ppo_clip_loss, reinforce_loss
 from losses.process_reward import (
     aggregate_step_scores,
@@ -130,6 +160,12 @@ from losses.process_shaping import (
 from losses.ratio_variance import (
     dual_ascent_update,
     ratio_variance_loss,
+)
+from losses.ref_free_preference import (
+    CPO_LOSS_TYPES,
+    cpo_loss,
+    orpo_loss,
+    simpo_loss,
 )
 from losses.returns import (
     discounted_returns,
@@ -206,6 +242,10 @@ from losses.step_losses import (
 from losses.token_baseline import (
     optimal_token_baseline_advantages,
 )
+from losses.token_dpo import (
+    dpo_token_rewards,
+    tgdpo_loss,
+)
 from losses.tree_credit import (
     prefix_tree_values,
     tempo_advantages,
@@ -223,7 +263,11 @@ from losses.vespo import (
 
 __all__ = [
     "AGG_MODES",
+    "CPO_LOSS_TYPES",
+    "DPO_LOSS_TYPES",
     "ENSEMBLE_MODES",
+    "F_DIVERGENCES",
+    "KTO_LOSS_TYPES",
     "GroupSelection",
     "KLController",
     "KLControllerState",
@@ -239,6 +283,8 @@ __all__ = [
     "awr_loss",
     "bapo_clip_bounds",
     "bapo_loss",
+    "bco_loss",
+    "best_worst_pairs",
     "bnpo_advantages",
     "bradley_terry_loss",
     "broadcast_to_tokens",
@@ -250,6 +296,8 @@ __all__ = [
     "completion_logits",
     "conciseness_gated_rewards",
     "constraint_gated_rewards",
+    "contrastive_pg_loss",
+    "cpo_loss",
     "critique_token_rewards",
     "debiased_preference",
     "delta_process_rewards",
@@ -257,6 +305,8 @@ __all__ = [
     "disco_loss",
     "discounted_returns",
     "divergence_suffix_mask",
+    "dpo_loss",
+    "dpo_token_rewards",
     "dppo_loss",
     "dro_loss",
     "drpo_positive_weights",
@@ -297,9 +347,12 @@ __all__ = [
     "kl_loss",
     "kl_penalized_rewards",
     "kl_penalized_scores",
+    "kto_loss",
+    "kto_reference_point",
     "laser_loss",
     "laser_self_rewards",
     "last_valid_logits",
+    "ld_sequence_logprob",
     "log_exp_pairwise_loss",
     "log_sum_pi_squared",
     "majority_vote_rewards",
@@ -315,10 +368,13 @@ __all__ = [
     "mirror_descent_loss",
     "multi_turn_loss_mask",
     "nft_loss",
+    "nll_loss",
     "normalize_rewards",
     "opo_advantages",
     "optimal_token_baseline_advantages",
+    "orpo_loss",
     "overlong_penalty",
+    "pairwise_ppo_loss",
     "par_rewards",
     "pass_at_k",
     "passk_advantages",
@@ -329,11 +385,13 @@ __all__ = [
     "prm_bce_loss",
     "prm_mse_loss",
     "progress_attribution_loss",
+    "rank_consistency",
     "ratio_variance_loss",
     "reference_probability_rewards",
     "reinforce_loss",
     "reinforce_pp_advantages",
     "reinforce_pp_baseline_advantages",
+    "relative_regression_loss",
     "remax_advantages",
     "rewards_as_labels_loss",
     "rloo_advantages",
@@ -341,6 +399,7 @@ __all__ = [
     "rollout_correction_weights",
     "rollout_mismatch_metrics",
     "rollout_rejection_mask",
+    "rpo_loss",
     "rubric_rewards",
     "run_length_segments",
     "running_moments_update",
@@ -357,11 +416,14 @@ __all__ = [
     "sequence_logprob",
     "shaped_offpolicy_loss",
     "sibling_advantages",
+    "simpo_loss",
     "soft_bellman_losses",
     "soft_bradley_terry_loss",
     "step_advantages",
+    "step_apo_loss",
     "step_min_form_returns",
     "tempo_advantages",
+    "tgdpo_loss",
     "to_groups",
     "token_logprobs",
     "truncation_penalty",
@@ -372,5 +434,7 @@ __all__ = [
     "vespo_loss",
     "weighted_rewards",
     "win_rate_rewards",
+    "wpo_weights",
+    "xpo_loss",
     "zero_variance_mask",
 ]

@@ -23,8 +23,18 @@ Modules, one concept each:
   `process_shaping`, `dynamic_sampling` — reward shaping and combination, zero-variance groups.
 * `dpo`, `ref_free_preference`, `kto`, `dpo_variants`, `token_dpo`, `pairwise_pg`, `pair_utils` —
   preference losses (DPO and its loss types, SimPO/CPO/ORPO, KTO/BCO, RPO/XPO, TGDPO, pairwise PG).
+* `rollout_selection`, `token_selection`, `advantage_transforms`, `tracker` — down-sampling and
+  token masks, advantage reweighting (sign, planning tokens, risk), the single-stream Beta tracker.
 """
 
+from losses.advantage_transforms import (
+    anchored_group_advantages,
+    planning_token_advantages,
+    risk_weights,
+    shaped_advantages,
+    sign_weighted_advantages,
+    token_advantage_reweight,
+)
 from losses.advantages import (
     bnpo_advantages,
     gdpo_advantages,
@@ -202,9 +212,14 @@ from losses.robust_rewards import (
     par_rewards,
 )
 from losses.rollout_correction import (
+    off_policy_sequence_mask,
     rollout_correction_weights,
     rollout_mismatch_metrics,
     rollout_rejection_mask,
+)
+from losses.rollout_selection import (
+    best_worst_mask,
+    rollout_downsample_mask,
 )
 from losses.sapo import sapo_loss
 from losses.segments import (
@@ -246,6 +261,18 @@ from losses.token_dpo import (
     dpo_token_rewards,
     tgdpo_loss,
 )
+from losses.token_selection import (
+    conflict_token_mask,
+    token_downsample_mask,
+    token_rejection_mask,
+)
+from losses.tracker import (
+    BetaTrackerState,
+    beta_tracker_update,
+    init_beta_tracker,
+    tracker_advantages,
+    tracker_baseline,
+)
 from losses.tree_credit import (
     prefix_tree_values,
     tempo_advantages,
@@ -268,6 +295,7 @@ __all__ = [
     "ENSEMBLE_MODES",
     "F_DIVERGENCES",
     "KTO_LOSS_TYPES",
+    "BetaTrackerState",
     "GroupSelection",
     "KLController",
     "KLControllerState",
@@ -280,11 +308,14 @@ __all__ = [
     "aggregate_step_scores",
     "alol_loss",
     "anchor_state_advantages",
+    "anchored_group_advantages",
     "awr_loss",
     "bapo_clip_bounds",
     "bapo_loss",
     "bco_loss",
+    "best_worst_mask",
     "best_worst_pairs",
+    "beta_tracker_update",
     "bnpo_advantages",
     "bradley_terry_loss",
     "broadcast_to_tokens",
@@ -295,6 +326,7 @@ __all__ = [
     "clip_process_rewards",
     "completion_logits",
     "conciseness_gated_rewards",
+    "conflict_token_mask",
     "constraint_gated_rewards",
     "contrastive_pg_loss",
     "cpo_loss",
@@ -339,6 +371,7 @@ __all__ = [
     "implicit_process_rewards",
     "infonce_loss",
     "information_gain_rewards",
+    "init_beta_tracker",
     "init_running_moments",
     "keep_groups_mask",
     "kimi_length_rewards",
@@ -370,6 +403,7 @@ __all__ = [
     "nft_loss",
     "nll_loss",
     "normalize_rewards",
+    "off_policy_sequence_mask",
     "opo_advantages",
     "optimal_token_baseline_advantages",
     "orpo_loss",
@@ -379,6 +413,7 @@ __all__ = [
     "pass_at_k",
     "passk_advantages",
     "plackett_luce_logprob",
+    "planning_token_advantages",
     "potential_shaped_rewards",
     "ppo_clip_loss",
     "prefix_tree_values",
@@ -394,9 +429,11 @@ __all__ = [
     "relative_regression_loss",
     "remax_advantages",
     "rewards_as_labels_loss",
+    "risk_weights",
     "rloo_advantages",
     "rloo_advantages_flat",
     "rollout_correction_weights",
+    "rollout_downsample_mask",
     "rollout_mismatch_metrics",
     "rollout_rejection_mask",
     "rpo_loss",
@@ -414,8 +451,10 @@ __all__ = [
     "self_certainty",
     "self_correction_bonus",
     "sequence_logprob",
+    "shaped_advantages",
     "shaped_offpolicy_loss",
     "sibling_advantages",
+    "sign_weighted_advantages",
     "simpo_loss",
     "soft_bellman_losses",
     "soft_bradley_terry_loss",
@@ -425,7 +464,12 @@ __all__ = [
     "tempo_advantages",
     "tgdpo_loss",
     "to_groups",
+    "token_advantage_reweight",
+    "token_downsample_mask",
     "token_logprobs",
+    "token_rejection_mask",
+    "tracker_advantages",
+    "tracker_baseline",
     "truncation_penalty",
     "turn_decay_rewards",
     "turn_ids_from_roles",

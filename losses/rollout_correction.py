@@ -1,4 +1,4 @@
-"""Rollout/train mismatch correction (ALGORITHMS.md §6.1, §6.2, §6.4).
+"""Rollout/train mismatch correction (ALGORITHMS.md §6.1-§6.4).
 
 The sampler's log-probs `rollout_logp` differ from the trainer's `old_logp` (kernels, precision,
 truncated sampling, stale weights). In the decoupled scheme the PPO ratio stays `π_θ/π_old` and
@@ -9,6 +9,7 @@ every per-token loss is multiplied by stop-gradient importance weights `w(π_old
   sequence or geometric-mean level.
 * `rollout_rejection_mask`: rejection sampling on KL estimates between the two policies.
 * `rollout_mismatch_metrics`: `rollout/...` diagnostics of the mismatch.
+* `off_policy_sequence_mask`: DeepSeek-V3.2 masking of off-policy negative-advantage sequences.
 """
 
 from __future__ import annotations
@@ -359,3 +360,83 @@ def rollout_mismatch_metrics(
         metrics["rollout/weight_mean"] = jnp.sum(w) / count
         metrics["rollout/masked_frac"] = jnp.sum(jnp.where(valid & (w == 0), 1.0, 0.0)) / count
     return stop_gradient_metrics(metrics)
+
+
+def off_policy_sequence_mask(
+    logp: ArrayLike,
+    rollout_logp: ArrayLike,
+    advantages: ArrayLike,
+    mask: ArrayLike,
+    *,
+    threshold: Any,
+) -> Array:
+    """Drop negative-advantage sequences that drifted too far off-policy (ALGORITHMS.md §6.3).
+
+        D_n    = Σ_t (rollout_logp − sg(logp))·m / max(L_n, 1)     (k1 estimate of KL(π_roll‖π_θ))
+        keep_n = [L_n > 0] · ((A_n ≥ 0) ∨ (D_n ≤ δ))
+
+    A sequence with a negative advantage whose sampling policy has drifted more than `δ` (mean
+    per-token log-ratio) from the current policy is masked out: pushing down an off-policy sample
+    the current policy would not produce mostly adds noise. Sequences with `A_n ≥ 0` are always
+    kept, and so is any sequence with `D_n ≤ δ`. `A_n` is the sequence's advantage: pass `[N]`
+    (or `[N,1]`), or `[N,T]` per-token advantages, which are reduced by their masked mean (equal to
+    the sequence advantage when it is broadcast to the tokens). Apply the result through
+    `token_weights=keep * mask` so the normaliser still counts the dropped sequences.
+
+    Source: DeepSeek-V3.2 technical report (off-policy sequence masking; no arXiv id in our
+    sources). Peer: TRL `off_policy_mask_threshold` (`δ`; it uses the sampler's log-probs and falls
+    back to `old_logp` when they are not stored: pass `old_logp` as `rollout_logp` for that).
+
+    Args:
+      logp: `[N,T]` current-policy log-probs (no gradient flows through the mask).
+      rollout_logp: `[N,T]` log-probs of the sampling policy (or `old_logp`).
+      advantages: `[N]`, `[N,1]` or `[N,T]` advantages.
+      mask: `[N,T]` {0,1}.
+      threshold: `δ`, the largest tolerated mean log-ratio of a negative-advantage sequence (a
+        Python number or a traced scalar; required, as TRL leaves it unset by default).
+
+    Returns:
+      `[N,1]` float32 {0,1} (no gradient); 0 for empty rows.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> lp = jnp.array([[-1.0, -1.0], [-3.0, -3.0], [-3.0, -3.0]])
+      >>> roll = jnp.full((3, 2), -1.0)
+      >>> keep = off_policy_sequence_mask(lp, roll, jnp.array([-1.0, -1.0, 2.0]), jnp.ones((3, 2)), threshold=0.5)
+      >>> keep.tolist()
+      [[1.0], [0.0], [1.0]]
+    """
+    where = "off_policy_sequence_mask"
+    check_rank(logp, 2, "logp", where=where)
+    check_floating(logp, "logp", where=where)
+    check_floating(rollout_logp, "rollout_logp", where=where)
+    check_same_shape(logp, "logp", where, rollout_logp=rollout_logp)
+    shape = jnp.shape(logp)
+    check_floating(advantages, "advantages", where=where)
+    if jnp.shape(advantages) not in (shape, (shape[0],), (shape[0], 1)):
+        raise ValueError(
+            f"{where}: `advantages` must have shape [N] = ({shape[0]},), [N,1] or [N,T] = "
+            f"{shape}, got {jnp.shape(advantages)}."
+        )
+    if isinstance(threshold, bool) or (
+        isinstance(threshold, int | float) and math.isnan(threshold)
+    ):
+        raise ValueError(f"{where}: `threshold` must be a number, got {threshold!r}.")
+    if jnp.ndim(threshold) != 0:
+        raise ValueError(
+            f"{where}: `threshold` must be a scalar, got shape {jnp.shape(threshold)}."
+        )
+    m = as_mask(mask, shape, where=where)
+    valid = m > 0
+    lengths = jnp.sum(m, axis=1, keepdims=True)
+    denom = jnp.maximum(lengths, 1.0)
+    lp = jax.lax.stop_gradient(zero_outside(as_float32(logp), valid))
+    roll = jax.lax.stop_gradient(zero_outside(as_float32(rollout_logp), valid))
+    drift = jnp.sum(roll - lp, axis=1, keepdims=True) / denom
+    adv = jax.lax.stop_gradient(as_float32(advantages))
+    if adv.shape == shape:
+        seq_adv = jnp.sum(zero_outside(adv, valid), axis=1, keepdims=True) / denom
+    else:
+        seq_adv = adv.reshape(shape[0], 1)
+    keep = ((seq_adv >= 0) | (drift <= threshold)) & (lengths > 0)
+    return jax.lax.stop_gradient(keep.astype(jnp.float32))

@@ -8,6 +8,7 @@ import numpy as np
 from losses.bapo import bapo_clip_bounds, bapo_loss
 from losses.entropy_mask import high_entropy_mask
 from losses.rollout_correction import (
+    off_policy_sequence_mask,
     rollout_correction_weights,
     rollout_mismatch_metrics,
     rollout_rejection_mask,
@@ -50,6 +51,13 @@ def _mismatch(old, roll, m):
     return metrics["rollout/k1"], metrics
 
 
+def _off_policy(lp, roll, adv, m):
+    """`off_policy_sequence_mask` with per-token and per-sequence advantages, stacked."""
+    per_token = off_policy_sequence_mask(lp, roll, adv, m, threshold=0.05)
+    per_seq = off_policy_sequence_mask(lp, roll, adv[:, 0], m, threshold=0.05)
+    return jnp.concatenate([per_token, per_seq], axis=1)
+
+
 def _entropy_mask(H, m, **kw):
     return high_entropy_mask(H, m, **kw).astype(jnp.float32)
 
@@ -86,6 +94,7 @@ CASES = [
         {"criteria": (("token_k1", -1.0, 1.0), ("seq_mean_k3", None, 0.2))},
     ),
     ShardCase("rollout_mismatch_metrics", _mismatch, (_old, _roll, _mask), {}),
+    ShardCase("off_policy_sequence_mask", _off_policy, (_lp, _roll, _adv, _mask), {}),
     ShardCase("high_entropy_mask", _entropy_mask, (_H, _mask), {"top_quantile": 0.2}),
     ShardCase("high_entropy_mask_threshold", _entropy_mask, (_H, _mask), {"threshold": 1.0}),
     ShardCase("bapo_clip_bounds", bapo_clip_bounds, (_lp, _old, _adv, _mask), {}),

@@ -1,4 +1,4 @@
-"""Rollout/train mismatch correction (ALGORITHMS.md §6.1, §6.2, §6.4) against float64 NumPy."""
+"""Rollout/train mismatch correction (ALGORITHMS.md §6.1-§6.4) against float64 NumPy."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 
 from losses.rollout_correction import (
     REJECTION_CRITERIA,
+    off_policy_sequence_mask,
     rollout_correction_weights,
     rollout_mismatch_metrics,
     rollout_rejection_mask,
@@ -398,3 +399,102 @@ def test_mismatch_metrics_match_numpy():
     no_w = rollout_mismatch_metrics(old, old, m)
     assert set(no_w) == {"rollout/k1", "rollout/k3", "rollout/ratio_max", "rollout/ppl_ratio"}
     assert_close([float(no_w[k]) for k in sorted(no_w)], [0.0, 0.0, 1.0, 1.0])
+
+
+# --------------------------------------------------------------------------------------------------
+# off_policy_sequence_mask (§6.3)
+# --------------------------------------------------------------------------------------------------
+
+_off_policy = jax.jit(off_policy_sequence_mask)
+
+
+def np_off_policy(lp, roll, adv, m, threshold):
+    valid = m > 0
+    lengths = valid.sum(1)
+    drift = np.where(valid, roll.astype(np.float64) - lp, 0.0).sum(1) / np.maximum(lengths, 1)
+    if adv.shape == m.shape:
+        seq_adv = np.where(valid, adv.astype(np.float64), 0.0).sum(1) / np.maximum(lengths, 1)
+    else:
+        seq_adv = adv.reshape(-1).astype(np.float64)
+    keep = ((seq_adv >= 0) | (drift <= threshold)) & (lengths > 0)
+    return keep.astype(np.float64)[:, None], drift
+
+
+def _off_policy_inputs(seed):
+    """Row n drifted by about 0.1·n nats per token; advantages alternate in sign (odd rows < 0)."""
+    rng = np.random.default_rng(seed)
+    m = make_mask(rng, N, T)
+    roll = -rng.uniform(0.1, 3.0, size=(N, T)).astype(np.float32)
+    noise = rng.uniform(-0.02, 0.02, size=(N, T))
+    lp = roll - 0.1 * np.arange(N)[:, None] - noise
+    signs = np.where(np.arange(N) % 2, -1.0, 1.0)[:, None]
+    adv = np.repeat(signs * rng.uniform(0.2, 2.0, size=(N, 1)), T, axis=1).astype(np.float32)
+    return rng, lp.astype(np.float32), roll, adv, m
+
+
+@pytest.mark.parametrize("threshold", [0.05, 0.25, 0.45])
+def test_off_policy_mask_matches_numpy(threshold):
+    rng, lp, roll, adv, m = _off_policy_inputs(0)
+    expected, drift = np_off_policy(lp, roll, adv, m, threshold)
+    dirty = [plant_nonfinite(x, m, rng) for x in (lp, roll, adv)]
+    for a in (dirty[2], adv[:, 0], adv[:, :1]):  # per token, [N], [N,1]
+        got = _off_policy(dirty[0], dirty[1], a, m, threshold=threshold)
+        assert got.shape == (N, 1) and got.dtype == jnp.float32
+        np.testing.assert_array_equal(np.asarray(got), expected)
+    traced = _off_policy(lp, roll, adv, m, threshold=jnp.float32(threshold))
+    np.testing.assert_array_equal(np.asarray(traced), expected)
+    valid_rows = m.sum(1) > 0
+    assert np.asarray(got)[~valid_rows].sum() == 0  # empty rows give 0
+    # negative-advantage rows (drift 0.1, 0.3, 0.5) are kept exactly when their drift is small
+    negative = adv[:, 0] < 0
+    np.testing.assert_array_equal(expected[negative, 0], drift[negative] <= threshold)
+    assert expected[~negative & valid_rows].all()
+
+
+def test_off_policy_mask_keeps_positive_advantages_and_close_policies():
+    _, lp, roll, adv, m = _off_policy_inputs(1)
+    far = lp - 5.0  # every sequence drifted by 5 nats per token
+    keep = np.asarray(_off_policy(far, roll, adv, m, threshold=0.1))[:, 0]
+    valid_rows = m.sum(1) > 0
+    np.testing.assert_array_equal(keep[valid_rows], adv[valid_rows, 0] >= 0)
+    same = np.asarray(_off_policy(roll, roll, adv, m, threshold=0.0))[:, 0]  # D = 0 <= δ
+    np.testing.assert_array_equal(same, valid_rows.astype(np.float32))
+    # a larger threshold keeps a superset
+    small = np.asarray(_off_policy(lp, roll, adv, m, threshold=0.1))
+    large = np.asarray(_off_policy(lp, roll, adv, m, threshold=0.3))
+    assert np.all(large >= small)
+
+
+def test_off_policy_mask_as_token_weights_removes_the_gradient_of_masked_sequences():
+    from losses.ppo import reinforce_loss
+
+    _, lp, roll, adv, m = _off_policy_inputs(2)
+    keep = _off_policy(lp, roll, adv, m, threshold=0.15)
+    grad = jax.jit(jax.grad(lambda x: reinforce_loss(x, adv, m, token_weights=keep * m)[0]))(lp)
+    dropped = np.asarray(keep)[:, 0] == 0
+    assert dropped.any()
+    assert np.all(np.asarray(grad)[dropped] == 0)
+    # the normaliser still counts the dropped sequences' tokens
+    expected = -np.where(m > 0, adv, 0.0) * np.asarray(keep) / m.sum()
+    assert_close(grad, expected)
+    # the mask carries no gradient itself
+    g = jax.jit(
+        jax.grad(lambda x: jnp.sum(off_policy_sequence_mask(x, roll, adv, m, threshold=0.1)))
+    )(lp)
+    assert np.all(np.asarray(g) == 0)
+
+
+def test_off_policy_mask_errors_name_the_problem():
+    x = jnp.ones((2, 3))
+    with pytest.raises(ValueError, match=r"`advantages` must have shape \[N\] = \(2,\)"):
+        off_policy_sequence_mask(x, x, jnp.ones(3), x, threshold=0.1)
+    with pytest.raises(ValueError, match="`rollout_logp` must have the shape of `logp`"):
+        off_policy_sequence_mask(x, jnp.ones((2, 4)), x, x, threshold=0.1)
+    with pytest.raises(ValueError, match="`threshold` must be a number"):
+        off_policy_sequence_mask(x, x, x, x, threshold=float("nan"))
+    with pytest.raises(ValueError, match="`threshold` must be a scalar"):
+        off_policy_sequence_mask(x, x, x, x, threshold=jnp.ones(2))
+    with pytest.raises(ValueError, match="`mask` must have shape"):
+        off_policy_sequence_mask(x, x, x, jnp.ones((3, 2)), threshold=0.1)
+    with pytest.raises(ValueError, match="`logp` must have rank 2"):
+        off_policy_sequence_mask(jnp.ones(3), jnp.ones(3), jnp.ones(3), jnp.ones(3), threshold=0.1)

@@ -1,0 +1,56 @@
+"""Completion tokens → the text the host-side reward functions see."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+
+def decode_completions(
+    tokenizer: Any,
+    completion_tokens: Any,
+    completion_mask: Any,
+    *,
+    stop_ids: int | Sequence[int] | None = None,
+) -> list[str]:
+    """Decode each row's valid tokens up to (not including) the first stop token.
+
+    Special tokens before the stop are kept visible (`<pad>`, `<bos>` with the
+    `ByteTokenizer`), so a completion that emits them is not mistaken for a clean one: this is
+    the text form of `jax_rewards.completion_content`, and `builtin.exact_answer` on it agrees
+    with `jax_rewards.exact_answer_reward`.
+
+    Args:
+      tokenizer: a `jaxrl_llm.tokenizer` tokenizer (`decode(ids, skip_special=...)`, `eos_id`).
+      completion_tokens: `[N, T]` int token ids (NumPy or JAX).
+      completion_mask: `[N, T]` bool / {0,1}, True on generated tokens.
+      stop_ids: stop token id(s); default the tokenizer's `eos_id`.
+
+    Returns:
+      `N` strings.
+
+    Examples:
+      >>> from jaxrl_llm.tokenizer import ByteTokenizer
+      >>> tok = ByteTokenizer()
+      >>> tokens = np.array([[49, 57, 258, 50], [49, 256, 57, 258]])
+      >>> decode_completions(tok, tokens, np.ones((2, 4), bool))
+      ['19', '1<pad>9']
+    """
+    tokens = np.asarray(completion_tokens)
+    mask = np.asarray(completion_mask)
+    if tokens.ndim != 2 or mask.shape != tokens.shape:
+        raise ValueError(
+            "decode_completions: `completion_tokens` and `completion_mask` must both be [N, T], "
+            f"got shapes {tokens.shape} and {mask.shape}."
+        )
+    if stop_ids is None:
+        stop_ids = tokenizer.eos_id
+    stops = {stop_ids} if isinstance(stop_ids, int | np.integer) else set(stop_ids)
+    texts = []
+    for row, keep in zip(tokens, mask > 0, strict=True):
+        ids = row[keep].tolist()
+        cut = next((i for i, t in enumerate(ids) if t in stops), len(ids))
+        texts.append(tokenizer.decode(ids[:cut], skip_special=False))
+    return texts

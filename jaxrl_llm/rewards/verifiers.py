@@ -1,0 +1,236 @@
+"""Host-side verifiers: pull an answer out of a completion's text and check it.
+
+Pure Python on strings, no JAX: the building blocks of the built-in reward functions
+(`jaxrl_llm.rewards.builtin`) and of user reward functions.
+
+- Extraction: `extract_boxed` (the last `\\boxed{...}`, braces balanced), `extract_hash_answer`
+  (GSM8K's `#### 42`), `extract_tag` (`<answer>...</answer>`), `extract_last_number`, and
+  `extract_answer`, which tries them in a fixed order.
+- Comparison: `parse_number` (integers, decimals, `1,234`, `$5`, `50%`, `3/4`, `\\frac{3}{4}`
+  → an exact `Fraction`), `answers_match` (numeric when both sides parse, else normalised text).
+- Format: `follows_tag_format` (`<think>…</think><answer>…</answer>` and nothing else).
+
+The GSM8K convention ("Training Verifiers to Solve Math Word Problems", arXiv 2110.14168) puts
+the final answer after `####` at the end of the reference solution; MATH-style answers
+("Measuring Mathematical Problem Solving With the MATH Dataset", arXiv 2103.03874) are in the
+last `\\boxed{}`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from fractions import Fraction
+from typing import Literal
+
+ExtractMethod = Literal["auto", "boxed", "hash", "tag", "last_number", "full"]
+EXTRACT_METHODS: tuple[str, ...] = ("auto", "boxed", "hash", "tag", "last_number", "full")
+
+_NUMBER = r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?|[-+]?\.\d+"
+_NUMBER_RE = re.compile(_NUMBER)
+_FRAC_RE = re.compile(r"^\\[dt]?frac\{([^{}]+)\}\{([^{}]+)\}$")
+_SLASH_RE = re.compile(rf"^({_NUMBER})\s*/\s*({_NUMBER})$")
+_WRAPPERS = re.compile(r"^\\text\{(.*)\}$|^\\mathrm\{(.*)\}$|^\\textbf\{(.*)\}$")
+
+
+def extract_boxed(text: str) -> str | None:
+    """The content of the last `\\boxed{...}` (or `\\fbox{...}`) in `text`, braces balanced.
+
+    Nested braces inside the box are kept (`\\boxed{\\frac{1}{2}}` → `\\frac{1}{2}`). An
+    unclosed box is ignored. Returns None when there is no complete box.
+
+    Examples:
+      >>> extract_boxed(r"so the answer is \\boxed{\\frac{1}{2}}.")
+      '\\\\frac{1}{2}'
+      >>> extract_boxed(r"\\boxed{1} then \\boxed{2}"), extract_boxed("no box"), extract_boxed(r"\\boxed{3")
+      ('2', None, None)
+    """
+    found = None
+    for match in re.finditer(r"\\(?:boxed|fbox)\{", text):
+        content = _balanced(text, match.end())
+        if content is not None:
+            found = content
+    return found
+
+
+def _balanced(text: str, begin: int) -> str | None:
+    """Text from `begin` up to the brace that closes the one just before `begin`."""
+    depth = 1
+    for i in range(begin, len(text)):
+        if text[i] == "{":
+            depth += 1
+        elif text[i] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[begin:i]
+    return None
+
+
+def extract_hash_answer(text: str) -> str | None:
+    """GSM8K's final answer: the rest of the line after the last `####`, stripped.
+
+    Examples:
+      >>> extract_hash_answer("48 / 2 = 24 clips.\\n#### 72")
+      '72'
+      >>> extract_hash_answer("no marker") is None, extract_hash_answer("####  ") is None
+      (True, True)
+    """
+    at = text.rfind("####")
+    if at == -1:
+        return None
+    answer = text[at + 4 :].split("\n", 1)[0].strip()
+    return answer or None
+
+
+def extract_tag(text: str, tag: str = "answer") -> str | None:
+    """The stripped content of the last complete `<tag>...</tag>` in `text` (None if absent).
+
+    Examples:
+      >>> extract_tag("<think>hmm</think><answer> 42 </answer>")
+      '42'
+      >>> extract_tag("<answer>1</answer><answer>2", "answer")
+      '1'
+    """
+    matches = re.findall(rf"<{re.escape(tag)}>(.*?)</{re.escape(tag)}>", text, flags=re.DOTALL)
+    return matches[-1].strip() if matches else None
+
+
+def extract_last_number(text: str) -> str | None:
+    """The last number written in `text` (sign, thousands commas, decimals, exponent kept).
+
+    Examples:
+      >>> extract_last_number("it costs $1,234.50, not 7")
+      '7'
+      >>> extract_last_number("from -3 to -2.5"), extract_last_number("none")
+      ('-2.5', None)
+    """
+    matches = _NUMBER_RE.findall(text)
+    return matches[-1] if matches else None
+
+
+def extract_answer(text: str, method: ExtractMethod = "auto") -> str | None:
+    """The answer written in a completion (or a reference solution).
+
+    `"auto"` tries, in order: the last `\\boxed{}`, GSM8K's `####`, the last `<answer>` tag,
+    the last number. `"full"` is the whole text, stripped. The others use one extractor.
+
+    Examples:
+      >>> extract_answer("work... #### 1,000")
+      '1,000'
+      >>> extract_answer(r"\\boxed{5} #### 6"), extract_answer("x = 3, y = 4"), extract_answer(" 19 ", "full")
+      ('5', '4', '19')
+    """
+    if method not in EXTRACT_METHODS:
+        raise ValueError(
+            f"extract_answer: `method` must be one of {', '.join(EXTRACT_METHODS)}, got {method!r}."
+        )
+    if method == "boxed":
+        return extract_boxed(text)
+    if method == "hash":
+        return extract_hash_answer(text)
+    if method == "tag":
+        return extract_tag(text, "answer")
+    if method == "last_number":
+        return extract_last_number(text)
+    if method == "full":
+        return text.strip()
+    for extractor in (extract_boxed, extract_hash_answer, extract_tag, extract_last_number):
+        found = extractor(text)
+        if found is not None:
+            return found
+    return None
+
+
+def parse_number(text: str) -> Fraction | None:
+    """`text` as an exact rational number, or None if it is not one number.
+
+    Accepts an optional sign, thousands commas (`1,234`), decimals and exponents, a leading
+    `$` / `\\$`, a trailing `%` (kept as the number written: `50%` → 50) or `.`, `\\text{}`
+    wrappers, `a/b` and `\\frac{a}{b}` (also `\\dfrac`, `\\tfrac`).
+
+    Examples:
+      >>> parse_number("1,234.5"), parse_number(r"\\frac{3}{4}"), parse_number("$-2")
+      (Fraction(2469, 2), Fraction(3, 4), Fraction(-2, 1))
+      >>> parse_number("12 apples") is None, parse_number("1/0") is None
+      (True, True)
+    """
+    s = text.strip()
+    for _ in range(3):  # nested wrappers such as \text{\textbf{5}}
+        wrapped = _WRAPPERS.match(s)
+        if not wrapped:
+            break
+        s = next(g for g in wrapped.groups() if g is not None).strip()
+    s = s.replace("\\$", "").replace("$", "").replace("\\!", "").replace("\\,", "").strip()
+    s = s.removesuffix(".").removesuffix("\\%").removesuffix("%").strip()
+    if s.startswith("+"):
+        s = s[1:]
+    frac = _FRAC_RE.match(s) or _SLASH_RE.match(s)
+    if frac:
+        num, den = parse_number(frac.group(1)), parse_number(frac.group(2))
+        if num is None or den is None or den == 0:
+            return None
+        return num / den
+    if not re.fullmatch(_NUMBER, s):
+        return None
+    return Fraction(s.replace(",", ""))
+
+
+def normalize_text(text: str, *, ignore_case: bool = False) -> str:
+    """Whitespace collapsed to single spaces, ends stripped, one trailing `.` removed.
+
+    Examples:
+      >>> normalize_text("  Paris\\n is   nice. "), normalize_text("ABC", ignore_case=True)
+      ('Paris is nice', 'abc')
+    """
+    s = " ".join(text.split()).removesuffix(".").strip()
+    return s.lower() if ignore_case else s
+
+
+def answers_match(
+    predicted: str | None, reference: str, *, numeric: bool = True, ignore_case: bool = False
+) -> bool:
+    """Whether an extracted answer equals the reference.
+
+    With `numeric=True` and both sides parsing as numbers (`parse_number`), they are compared
+    exactly as rationals (`0.5` = `1/2` = `\\frac{1}{2}`); otherwise the normalised texts
+    (`normalize_text`) must be equal. A missing prediction (None) never matches.
+
+    Examples:
+      >>> answers_match("1,000", "1000"), answers_match("0.50", r"\\frac{1}{2}")
+      (True, True)
+      >>> answers_match(None, "3"), answers_match("Paris.", "paris", ignore_case=True)
+      (False, True)
+    """
+    if predicted is None:
+        return False
+    if numeric:
+        a, b = parse_number(predicted), parse_number(reference)
+        if a is not None and b is not None:
+            return a == b
+    return normalize_text(predicted, ignore_case=ignore_case) == normalize_text(
+        reference, ignore_case=ignore_case
+    )
+
+
+def follows_tag_format(text: str, tags: Sequence[str] = ("think", "answer")) -> bool:
+    """Whether `text` is exactly `<t1>…</t1> <t2>…</t2> …` for `tags`, in order.
+
+    Each tag appears once with non-empty content; only whitespace may sit between, before or
+    after the blocks (the R1-style format reward of "DeepSeek-R1", arXiv 2501.12948).
+
+    Examples:
+      >>> follows_tag_format("<think>2+2</think>\\n<answer>4</answer>")
+      True
+      >>> follows_tag_format("<answer>4</answer>"), follows_tag_format("x<think>a</think><answer>4</answer>")
+      (False, False)
+    """
+    if not tags:
+        raise ValueError("follows_tag_format: `tags` must name at least one tag, got ().")
+    position = 0
+    for tag in tags:
+        block = re.compile(rf"\s*<{re.escape(tag)}>(.*?)</{re.escape(tag)}>", flags=re.DOTALL)
+        found = block.match(text, position)
+        if found is None or not found.group(1).strip() or f"<{tag}>" in found.group(1):
+            return False
+        position = found.end()
+    return not text[position:].strip()

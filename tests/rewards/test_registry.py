@@ -1,0 +1,123 @@
+"""Reward functions by name or import path; `RewardConfig` validation at load time."""
+
+from __future__ import annotations
+
+import pytest
+
+from jaxrl_llm.config import ConfigError, build
+from jaxrl_llm.rewards import (
+    BUILTIN_REWARDS,
+    RewardConfig,
+    RewardFunctionConfig,
+    import_callable,
+    resolve_reward_function,
+)
+
+NOT_CALLABLE = 3
+
+
+def length_reward(prompts, completions, *, scale=1.0, **fields):
+    """A user reward function, imported by path in the tests."""
+    return [scale * len(c) for c in completions]
+
+
+def test_every_builtin_resolves_and_has_the_reward_signature():
+    for name in BUILTIN_REWARDS:
+        rf = resolve_reward_function(RewardFunctionConfig(fn=name))
+        assert rf.name == name and rf.fn is BUILTIN_REWARDS[name]
+
+
+def test_import_path_binds_kwargs_and_names_it():
+    cfg = RewardFunctionConfig(fn=f"{__name__}:length_reward", weight=0.5, kwargs={"scale": 2.0})
+    rf = resolve_reward_function(cfg)
+    assert rf.name == "length_reward" and rf.weight == 0.5
+    assert rf.fn(["p", "p"], ["ab", "abcd"]) == [4.0, 8.0]
+    named = resolve_reward_function(
+        RewardFunctionConfig(fn=f"{__name__}:length_reward", name="len")
+    )
+    assert named.name == "len"
+
+
+def test_dotted_attributes_resolve():
+    assert import_callable("os:path.join")("a", "b") == "a/b"
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (
+            "math_anser",
+            "unknown built-in reward function 'math_anser' (did you mean 'math_answer'?)",
+        ),
+        ("no_such_thing", "built-ins: math_answer, exact_match"),
+        ("no_such_module_xyz:f", "cannot import module 'no_such_module_xyz'"),
+        (
+            f"{__name__}:length_rewrd",
+            "has no attribute 'length_rewrd' (did you mean 'length_reward'?)",
+        ),
+        (f"{__name__}:NOT_CALLABLE", "int 3 is not callable"),
+        ("a:b:c", "expected a built-in name"),
+        (":f", "expected a built-in name"),
+    ],
+)
+def test_bad_function_specs_are_explained(spec, message):
+    with pytest.raises(ValueError) as err:
+        resolve_reward_function(RewardFunctionConfig(fn=spec))
+    assert message in str(err.value)
+
+
+def test_unknown_options_are_rejected_with_a_suggestion():
+    with pytest.raises(
+        ValueError, match=r"unknown option 'answer_feild' \(did you mean 'answer_field'\?\)"
+    ):
+        resolve_reward_function(
+            RewardFunctionConfig(fn="math_answer", kwargs={"answer_feild": "a"})
+        )
+    with pytest.raises(ValueError, match="unknown option 'scal'"):
+        resolve_reward_function(
+            RewardFunctionConfig(fn=f"{__name__}:length_reward", kwargs={"scal": 1})
+        )
+
+
+def test_reward_config_builds_from_yaml_shaped_data():
+    cfg = build(
+        RewardConfig,
+        {
+            "functions": [
+                {"fn": "math_answer", "kwargs": {"answer_field": "short_answer"}},
+                {"fn": "tag_format", "weight": 0.1},
+            ],
+            "combine": "decoupled",
+            "on_failure": "drop_group",
+            "timeout_s": 5,
+        },
+    )
+    assert cfg.weights() == (1.0, 0.1)
+    assert cfg.timeout_s == 5.0 and cfg.on_failure == "drop_group"
+    fns = cfg.resolve()
+    assert fns[0].fn(["q"], ["#### 3"], short_answer=["3"]) == [1.0]
+    assert build(RewardConfig, {}).functions == (RewardFunctionConfig(fn="exact_answer"),)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"functions": []}, "configure at least one reward function"),
+        ({"on_failure": "ignore"}, "on_failure: must be one of 'fail', 'score', 'drop_group'"),
+        ({"combine": "gdpo"}, "combine: must be one of 'sum', 'decoupled'"),
+        ({"timeout_s": 0}, "timeout_s: must be > 0 or null"),
+        ({"functions": [{"fn": "exact_answer"}, {"fn": "exact_answer"}]}, "names must be unique"),
+        ({"functions": [{"fn": "math_answer"}], "jax_native": True}, "reproduces only the single"),
+        ({"functions": [{"fn": "x", "kwarg": {}}]}, "unknown key 'kwarg' (did you mean 'kwargs'?)"),
+        ({"functions": [{"fn": "x", "kwargs": ["a"]}]}, "`kwargs` must be a mapping"),
+        ({"fucntions": []}, "unknown key 'fucntions' (did you mean 'functions'?)"),
+    ],
+)
+def test_reward_config_errors_name_the_key(data, message):
+    with pytest.raises(ConfigError) as err:
+        build(RewardConfig, data)
+    assert message in str(err.value)
+
+
+def test_jax_native_is_allowed_for_the_exact_answer_reward():
+    assert build(RewardConfig, {"jax_native": True}).jax_native

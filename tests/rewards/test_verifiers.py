@@ -1,0 +1,208 @@
+"""Text verifiers: answer extraction, exact number comparison, format checks, built-in rewards."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import pytest
+
+from jaxrl_llm.rewards import (
+    answers_match,
+    exact_answer,
+    exact_match,
+    extract_answer,
+    extract_boxed,
+    extract_hash_answer,
+    extract_last_number,
+    extract_tag,
+    follows_tag_format,
+    math_answer,
+    normalize_text,
+    overlong,
+    parse_number,
+    regex_format,
+    tag_format,
+)
+
+GSM8K_REFERENCE = (
+    "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n"
+    "Natalia sold 48+24 = <<48+24=72>>72 clips altogether in April and May.\n#### 72"
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (r"\boxed{42}", "42"),
+        (r"first \boxed{1}, finally \boxed{2}.", "2"),
+        (r"\boxed{\frac{1}{2}}", r"\frac{1}{2}"),
+        (r"\boxed{a{b}c}", "a{b}c"),
+        (r"\fbox{7}", "7"),
+        (r"\boxed{3} and an unclosed \boxed{4", "3"),
+        (r"\boxed{5", None),
+        ("no box at all", None),
+        (r"\boxed{}", ""),
+    ],
+)
+def test_extract_boxed(text, expected):
+    assert extract_boxed(text) == expected
+
+
+def test_extract_hash_answer_reads_gsm8k_references():
+    assert extract_hash_answer(GSM8K_REFERENCE) == "72"
+    assert extract_hash_answer("#### 1,234\nextra line") == "1,234"
+    assert extract_hash_answer("#### 1 #### 2") == "2"
+    assert extract_hash_answer("####\n5") is None
+    assert extract_hash_answer("no marker") is None
+
+
+def test_extract_tag_and_last_number():
+    assert extract_tag("<answer>\n 12 \n</answer>") == "12"
+    assert extract_tag("<answer>1</answer> <answer>2</answer>") == "2"
+    assert extract_tag("<answer>1", "answer") is None
+    assert extract_tag("<think>x</think>", "think") == "x"
+    assert extract_last_number("a 3.5e2 b") == "3.5e2"
+    assert extract_last_number("total: -1,000,000 dollars") == "-1,000,000"
+    assert extract_last_number("1,2,3") == "3"
+    assert extract_last_number(".5 cups") == ".5"
+    assert extract_last_number("nothing here") is None
+
+
+def test_extract_answer_priority_and_methods():
+    text = r"<answer>3</answer> so \boxed{4} #### 5 and 6"
+    assert extract_answer(text) == "4"  # boxed first
+    assert extract_answer("#### 5\n<answer>3</answer>") == "5"  # then ####
+    assert extract_answer("<answer>3</answer> then 9") == "3"  # then the tag
+    assert extract_answer("x = 3, so y = 9") == "9"  # then the last number
+    assert extract_answer("nothing") is None
+    assert extract_answer(text, "tag") == "3"
+    assert extract_answer(text, "hash") == "5 and 6"
+    assert extract_answer(text, "last_number") == "6"
+    assert extract_answer("  x  ", "full") == "x"
+    with pytest.raises(ValueError, match="`method` must be one of"):
+        extract_answer("x", "first")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("42", Fraction(42)),
+        ("-7", Fraction(-7)),
+        ("+7", Fraction(7)),
+        ("1,234", Fraction(1234)),
+        ("1,234,567.25", Fraction(123456725, 100)),
+        ("0.1", Fraction(1, 10)),
+        (".5", Fraction(1, 2)),
+        ("2e3", Fraction(2000)),
+        ("$18", Fraction(18)),
+        (r"\$18.00", Fraction(18)),
+        ("50%", Fraction(50)),
+        ("72.", Fraction(72)),
+        ("3/4", Fraction(3, 4)),
+        ("-6 / 8", Fraction(-3, 4)),
+        (r"\frac{3}{4}", Fraction(3, 4)),
+        (r"\dfrac{-1}{3}", Fraction(-1, 3)),
+        (r"\text{12}", Fraction(12)),
+        ("1/0", None),
+        ("12 apples", None),
+        ("1,23", None),
+        ("", None),
+        ("abc", None),
+    ],
+)
+def test_parse_number(text, expected):
+    assert parse_number(text) == expected
+
+
+def test_answers_match_is_exact_for_numbers_and_normalised_for_text():
+    assert answers_match("0.5", "1/2")
+    assert answers_match("1,000", "1000.0")
+    assert not answers_match("0.3333", "1/3")  # exact rationals, no tolerance
+    assert not answers_match("72", "73")
+    assert answers_match(" Paris. ", "Paris")
+    assert not answers_match("paris", "Paris")
+    assert answers_match("paris", "Paris", ignore_case=True)
+    assert not answers_match("1.0", "1", numeric=False)
+    assert not answers_match(None, "1")
+    assert normalize_text("a\n\tb  c.") == "a b c"
+
+
+@pytest.mark.parametrize(
+    ("text", "ok"),
+    [
+        ("<think>because</think><answer>4</answer>", True),
+        ("\n<think>a\nb</think>\n\n<answer> 4 </answer>\n", True),
+        ("<answer>4</answer><think>a</think>", False),  # wrong order
+        ("<think>a</think>", False),  # missing block
+        ("<think></think><answer>4</answer>", False),  # empty content
+        ("<think> </think><answer>4</answer>", False),  # only whitespace
+        ("<think>a</think>x<answer>4</answer>", False),  # text between blocks
+        ("<think>a</think><answer>4</answer> trailing", False),
+        ("<think>a<think>b</think><answer>4</answer>", False),  # nested opening tag
+        ("<think>a</think><answer>4</answer><answer>5</answer>", False),  # repeated
+    ],
+)
+def test_follows_tag_format(text, ok):
+    assert follows_tag_format(text) is ok
+
+
+def test_follows_tag_format_rejects_no_tags():
+    with pytest.raises(ValueError, match="at least one tag"):
+        follows_tag_format("x", ())
+
+
+def test_math_answer_on_gsm8k_and_boxed_completions():
+    completions = [
+        "She sold 72 clips.",  # last number
+        r"The answer is \boxed{72}.",
+        "#### 72.00",
+        "#### 71",
+        "I do not know.",
+        r"\boxed{70} wait, 72",  # boxed wins over the later number
+    ]
+    n = len(completions)
+    rewards = math_answer(["q"] * n, completions, answer=[GSM8K_REFERENCE] * n)
+    assert rewards == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0]
+    # a reference without marker is used whole; another field name via answer_field
+    assert math_answer(["q"], ["3/4"], short=[r"\frac{3}{4}"], answer_field="short") == [1.0]
+    assert math_answer(["q"], [r"\boxed{3}"], answer=["7 #### 3"], extract="boxed") == [1.0]
+
+
+def test_builtin_rewards_name_missing_fields_and_bad_options():
+    with pytest.raises(
+        ValueError, match="the field 'answer' is missing; the examples have the fields: solution"
+    ):
+        math_answer(["q"], ["1"], solution=["1"])
+    with pytest.raises(ValueError, match="has 2 entries for 1 completions"):
+        exact_answer(["q"], ["1"], answer=["1", "2"])
+    with pytest.raises(ValueError, match="`extract` must be one of"):
+        math_answer(["q"], ["1"], answer=["1"], extract="box")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="not a valid regex"):
+        regex_format(["q"], ["1"], pattern="(")
+    with pytest.raises(ValueError, match="non-empty tag names"):
+        tag_format(["q"], ["1"], tags=["", "a"])
+
+
+def test_exact_match_and_exact_answer_differ_in_normalisation():
+    completions = ["19", " 19", "19.", "019", "Nineteen"]
+    refs = ["19"] * 4 + ["nineteen"]
+    assert exact_answer(["p"] * 5, completions, answer=refs) == [1.0, 0.0, 0.0, 0.0, 0.0]
+    assert exact_match(["p"] * 5, completions, answer=refs) == [1.0, 1.0, 1.0, 0.0, 0.0]
+    assert exact_match(["p"] * 5, completions, answer=refs, ignore_case=True)[4] == 1.0
+
+
+def test_overlong_uses_the_losses_formula_on_token_counts():
+    lengths = [0, 80, 85, 90, 100, 130]
+    # reference from ALGORITHMS.md §10.1 with max=100, buffer=20, factor=2: L0 = 80
+    expected = [0.0, 0.0, -2 * 5 / 20, -2 * 10 / 20, -2.0, -2.0]
+    got = overlong(
+        ["q"] * 6,
+        ["c"] * 6,
+        max_length=100,
+        buffer_length=20,
+        factor=2.0,
+        completion_lengths=lengths,
+    )
+    assert got == pytest.approx(expected, abs=1e-6)
+    with pytest.raises(ValueError, match="'completion_lengths' is missing"):
+        overlong(["q"], ["c"], max_length=10, buffer_length=5)

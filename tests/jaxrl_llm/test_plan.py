@@ -1,0 +1,344 @@
+"""`jaxrl_llm.plan`: parameter layout vs the real model, memory/time formulas, mesh errors, CLI."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxrl_llm.models import Decoder, ModelConfig, RopeConfig
+from jaxrl_llm.plan import (
+    DEVICES,
+    PRESETS,
+    PlanConfig,
+    estimate,
+    main,
+    mesh_candidates,
+    parameter_shapes,
+    resolve_model,
+    suggest_meshes,
+)
+
+BASE = {
+    "vocab_size": 48,
+    "hidden_size": 16,
+    "intermediate_size": 24,
+    "num_layers": 3,
+    "num_heads": 4,
+    "num_kv_heads": 2,
+    "head_dim": 4,
+}
+FAMILIES = {
+    "llama_bias_untied": ModelConfig(family="llama", attention_bias=True, **BASE),
+    "qwen2_tied": ModelConfig(family="qwen2", tie_embeddings=True, **BASE),
+    "qwen3": ModelConfig(family="qwen3", **BASE),
+    "gemma": ModelConfig(family="gemma", tie_embeddings=True, activation="gelu_tanh", **BASE),
+    "gemma2": ModelConfig(
+        family="gemma2",
+        tie_embeddings=True,
+        layer_types=("sliding_attention", "full_attention", "sliding_attention"),
+        sliding_window=4,
+        attn_logit_softcap=50.0,
+        final_logit_softcap=30.0,
+        query_pre_attn_scalar=4.0,
+        **BASE,
+    ),
+    "gemma3_text": ModelConfig(
+        family="gemma3_text",
+        tie_embeddings=True,
+        layer_types=("sliding_attention", "sliding_attention", "full_attention"),
+        sliding_window=4,
+        local_rope=RopeConfig(theta=10000.0),
+        **BASE,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_parameter_shapes_are_the_models_parameters(name):
+    config = FAMILIES[name]
+    state = nnx.state(nnx.eval_shape(lambda: Decoder(config, rngs=nnx.Rngs(0))), nnx.Param)
+    actual = {
+        ".".join(map(str, key)): (var.get_value().shape, tuple(var.get_metadata()["out_sharding"]))
+        for key, var in nnx.to_flat_state(state)
+    }
+    planned = {p.path: (p.shape, p.names) for p in parameter_shapes(config)}
+    assert planned == actual
+    count = sum(math.prod(shape) for shape, _ in actual.values())
+    assert estimate(config, PlanConfig(batch=2, group_size=1)).num_params == count
+
+
+# Totals published with the checkpoints (model cards / safetensors metadata).
+PUBLISHED = {
+    "qwen2.5-0.5b": 0.494e9,
+    "qwen2.5-7b": 7.62e9,
+    "qwen2.5-72b": 72.7e9,
+    "qwen3-0.6b": 0.596e9,
+    "qwen3-8b": 8.19e9,
+    "llama-3-8b": 8.03e9,
+    "llama-3-70b": 70.55e9,
+    "llama-3.2-1b": 1.24e9,
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_presets_have_the_published_sizes(name):
+    _, config = resolve_model(name)
+    total = sum(math.prod(p.shape) for p in parameter_shapes(config))
+    assert abs(total / PUBLISHED[name] - 1) < 0.005, total
+
+
+def test_every_preset_builds():
+    for name in PRESETS:
+        assert resolve_model(name)[1].num_layers > 0
+
+
+# ----------------------------------------------------------------------------- reference formulas
+
+# Hand-written oracle of the sharded size: embed → fsdp, heads/kv_heads/mlp/vocab → tensor, when
+# the mesh axis divides the dimension (else replicated); everything else whole.
+AXIS = {"embed": 1, "heads": 2, "kv_heads": 2, "mlp": 2, "vocab": 2}
+
+
+def reference_elements(config, mesh):
+    total = 0
+    for p in parameter_shapes(config):
+        n = 1
+        for size, name in zip(p.shape, p.names, strict=True):
+            split = mesh[AXIS[name]] if name in AXIS else 1
+            n *= size // split if size % split == 0 else size
+        total += n
+    return total
+
+
+def test_memory_terms_follow_the_formulas():
+    config = ModelConfig(
+        family="llama",
+        vocab_size=1000,
+        hidden_size=64,
+        intermediate_size=96,
+        num_layers=5,
+        num_heads=8,
+        num_kv_heads=4,
+        head_dim=16,
+    )
+    d, f, t = 2, 4, 2
+    for remat in ("none", "dots", "full"):
+        plan = PlanConfig(
+            mesh=(d, f, t), prompt_len=24, completion_len=40, batch=8, group_size=4,
+            micro_batch=16, remat=remat, reference=True,
+        )  # fmt: skip
+        p = estimate(config, plan, "h100")
+        w_dev = reference_elements(config, (d, f, t))
+        w_t = reference_elements(config, (1, 1, t))
+        L, D, F, H, K, Hd, V = 5, 64, 96, 8, 4, 16, 1000
+        S, N, m = 64, 32, 16
+        assert p.memory["params"] == w_dev * 4
+        assert p.memory["optimizer"] == 2 * w_dev * 4
+        assert p.memory["gradients"] == w_dev * 4
+        assert p.memory["reference"] == w_dev * 2
+        assert p.memory["sampler_weights"] == w_t * 2
+        assert p.memory["kv_cache"] == 2 * L * (N // (d * f)) * S * (K // t) * Hd * 2
+        tokens = m // (d * f) * S
+        Ht, Kt, Ft = H / t, K / t, F / t
+        layer = tokens * (2 * (4 * D + 3 * (Ht + Kt) * Hd + 4 * Ft) + 6 * Ht * S)
+        saved = {
+            "none": L * layer,
+            "dots": L * tokens * 2 * (3 * D + (Ht + 2 * Kt) * Hd + 2 * Ft) + layer,
+            "full": L * tokens * 2 * D + layer,
+        }[remat]
+        logits = 2 * 4 * (m // (d * f)) * 40 * V / t  # completion positions only
+        np.testing.assert_allclose(p.memory["activations"], saved + logits, rtol=1e-12)
+        training = (
+            p.memory["params"] + p.memory["optimizer"] + p.memory["gradients"]
+            + p.memory["reference"] + p.memory["layer_buffers"] + p.memory["activations"]
+        )  # fmt: skip
+        np.testing.assert_allclose(p.memory["training_peak"], training, rtol=1e-12)
+        assert p.memory["peak"] == max(p.memory["training_peak"], p.memory["sampling_peak"])
+
+
+def test_time_terms_follow_the_formulas():
+    _, config = resolve_model("qwen2.5-7b")
+    plan = PlanConfig(
+        mesh=(2, 4, 1), prompt_len=256, completion_len=512, batch=16, group_size=4,
+        micro_batch=16, epochs=2, reference=True, remat="full",
+    )  # fmt: skip
+    dev = DEVICES["h100"]
+    p = estimate("qwen2.5-7b", plan, dev)
+    L, H, Hd, K, V, D = 28, 28, 128, 4, 152064, 3584
+    total = sum(math.prod(s.shape) for s in parameter_shapes(config))
+    w_mm = total - V * D  # the embedding lookup is not a matmul (untied model)
+    n, flops = 8, dev.peak_flops * plan.mfu
+    P, T, S, N = 256, 512, 768, 64
+    np.testing.assert_allclose(
+        p.time["training_s"], 2 * N * S * (6 * w_mm + 12 * L * H * Hd * S) * (4 / 3) / (n * flops)
+    )
+    passes = 2  # old policy (2 epochs reuse the rollout) + reference
+    np.testing.assert_allclose(
+        p.time["logprob_s"], passes * N * S * (2 * w_mm + 4 * L * H * Hd * S) / (n * flops)
+    )
+    on_policy = estimate("qwen2.5-7b", dataclasses.replace(plan, epochs=1, reference=False), dev)
+    assert on_policy.time["logprob_s"] == 0.0
+    two_updates = dataclasses.replace(plan, epochs=1, minibatches=2, reference=False)
+    np.testing.assert_allclose(
+        estimate("qwen2.5-7b", two_updates, dev).time["logprob_s"], p.time["logprob_s"] / 2
+    )
+    np.testing.assert_allclose(
+        p.time["prefill_s"], 16 * P * (2 * w_mm + 4 * L * H * Hd * P) / (n * flops)
+    )
+    rows = N // 8
+    step_bytes = total * 2 + 2 * L * rows * S * K * Hd * 2  # weights + the whole cache
+    assert p.decode_bound == "memory"
+    np.testing.assert_allclose(
+        p.time["decode_s"], T * step_bytes / (dev.hbm_bandwidth * plan.bandwidth_efficiency)
+    )
+    # a huge batch per device makes the decode step compute-bound
+    big = estimate("qwen2.5-7b", dataclasses.replace(plan, batch=4096, group_size=16), dev)
+    assert big.decode_bound == "compute"
+
+
+def test_memory_scales_with_the_mesh():
+    base = PlanConfig(mesh=(1, 4, 1), batch=32, group_size=8, micro_batch=32)
+
+    def mem(mesh, **kw):
+        return estimate("qwen2.5-7b", dataclasses.replace(base, mesh=mesh, **kw), "h100").memory
+
+    m4, m8 = mem((1, 4, 1)), mem((1, 8, 1))
+    for key in ("params", "optimizer", "gradients"):
+        np.testing.assert_allclose(m8[key] / m4[key], 0.5, rtol=1e-3)  # norms stay whole
+    assert m8["sampler_weights"] == m4["sampler_weights"]  # gathered over fsdp for decoding
+    t1, t2, t4 = mem((1, 4, 1)), mem((1, 4, 2)), mem((1, 4, 4))
+    np.testing.assert_allclose(t2["sampler_weights"] / t1["sampler_weights"], 0.5, rtol=1e-3)
+    assert t4["kv_cache"] == t1["kv_cache"] / 4  # 4 KV heads split over tensor=4
+    # llama-3-70b: 8 KV heads do not split 16 ways, so every tensor rank keeps all of them
+    plan70 = dataclasses.replace(base, mesh=(1, 4, 16))
+    t16 = estimate("llama-3-70b", plan70, "h100")
+    t1_70 = estimate("llama-3-70b", dataclasses.replace(plan70, mesh=(1, 4, 1)), "h100")
+    assert t16.memory["kv_cache"] == t1_70.memory["kv_cache"]
+    assert any("num_kv_heads=8 does not split over tensor=16" in n for n in t16.notes)
+    d2 = mem((2, 4, 1))
+    assert d2["params"] == m4["params"]
+    assert d2["kv_cache"] == m4["kv_cache"] / 2 and d2["activations"] < m4["activations"]
+    acts = [mem((1, 4, 1), remat=r)["activations"] for r in ("none", "dots", "full")]
+    assert acts[0] > acts[1] > acts[2]
+    chunked = mem((1, 4, 1), logits_chunk=1024)["activations"]
+    assert chunked < m4["activations"]
+
+
+@pytest.mark.parametrize(
+    ("mesh", "message"),
+    [
+        ((1, 1, 8), "num_heads=28 is not divisible by tensor=8"),
+        ((1, 1, 3), "intermediate_size=18944 is not divisible by tensor=3"),
+        ((1, 5, 1), "hidden_size=3584 is not divisible by fsdp=5"),
+        ((3, 1, 1), r"N = batch·group_size = 64 sequences do not split over data·fsdp = 3"),
+    ],
+)
+def test_impossible_meshes_are_rejected_by_name(mesh, message):
+    with pytest.raises(ValueError, match=message):
+        estimate("qwen2.5-7b", PlanConfig(mesh=mesh, batch=8, group_size=8))
+
+
+def test_bad_inputs_are_named():
+    with pytest.raises(ValueError, match="micro_batch=6 must be a multiple of data·fsdp = 4"):
+        estimate("qwen2.5-7b", PlanConfig(mesh=(1, 4, 1), batch=8, group_size=8, micro_batch=6))
+    with pytest.raises(ValueError, match="divide the 16 sequences of one optimizer update"):
+        plan = PlanConfig(mesh=(1, 4, 1), batch=8, group_size=8, micro_batch=12, minibatches=4)
+        estimate("qwen2.5-7b", plan)
+    with pytest.raises(ValueError, match="minibatches=5 does not divide N = 64"):
+        estimate("qwen2.5-7b", PlanConfig(batch=8, group_size=8, minibatches=5))
+    with pytest.raises(ValueError, match="'qwen9' is neither a preset"):
+        estimate("qwen9", PlanConfig())
+    with pytest.raises(ValueError, match="unknown device 'tpu-v9'"):
+        estimate("qwen3-0.6b", PlanConfig(), "tpu-v9")
+    with pytest.raises(ValueError, match=r"PlanConfig\.mesh must be three positive ints"):
+        PlanConfig(mesh=(1, 0, 1))
+    with pytest.raises(ValueError, match=r"PlanConfig\.compute_dtype must be one of"):
+        PlanConfig(compute_dtype="fp8")
+    with pytest.raises(ValueError, match=r"PlanConfig\.remat must be"):
+        PlanConfig(remat="some")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"PlanConfig.mfu must be in \(0, 1\]"):
+        PlanConfig(mfu=1.5)
+
+
+def test_suggest_meshes_ranks_fitting_meshes_and_skips_impossible_ones():
+    plan = PlanConfig(batch=32, group_size=8, micro_batch=32)
+    plans = suggest_meshes("qwen2.5-7b", plan, "h100", 8)
+    meshes = [p.config.mesh for p in plans]
+    assert all(m[2] in (1, 2, 4) for m in meshes)  # 28 heads: tensor=8 is impossible
+    assert set(meshes) == {m for m in mesh_candidates(8) if m[2] in (1, 2, 4)}
+    fits = [p.memory["peak"] <= 0.85 * p.device.hbm_bytes for p in plans]
+    assert fits == sorted(fits, reverse=True)
+    fitting = [
+        p.iteration_s + p.time["train_comm_s"] for p, ok in zip(plans, fits, strict=True) if ok
+    ]
+    assert all(b >= a / 1.03 for a, b in itertools.pairwise(fitting))
+    too_big = suggest_meshes("llama-3-70b", plan, "h100", 8)  # fits on no 8-GPU mesh
+    peaks = [p.memory["peak"] for p in too_big]
+    assert peaks == sorted(peaks) and not too_big[0].fits
+    with pytest.raises(ValueError, match="no mesh of 3 devices"):
+        suggest_meshes("qwen2.5-7b", PlanConfig(batch=8, group_size=8), "h100", 3)
+
+
+def test_cli_reports_and_errors(capsys, tmp_path):
+    assert main(["qwen2.5-7b", "--mesh", "1,8,1", "--micro-batch", "64", "--batch", "32"]) == 0
+    out = capsys.readouterr().out
+    assert "qwen2.5-7b: 7.62 B parameters on 8 × H100 SXM" in out and "fits" in out
+    assert "% sampling" in out
+    assert (
+        main(["llama-3-70b", "--devices", "64", "--device", "tpu-v5p", "--top", "2", "--json"]) == 0
+    )
+    plans = json.loads(capsys.readouterr().out)
+    assert len(plans) == 2 and plans[0]["device"]["name"] == "TPU v5p"
+    assert math.prod(plans[0]["config"]["mesh"]) == 64
+    assert main(["qwen2.5-7b", "--mesh", "1,1,8"]) == 2
+    assert "num_heads=28 is not divisible by tensor=8" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["qwen2.5-7b", "--mesh", "1,8"])
+    config = FAMILIES["qwen3"]
+    (tmp_path / "config.json").write_text(json.dumps(config.to_hf_dict()))
+    assert main([str(tmp_path), "--batch", "2", "--group-size", "2"]) == 0
+    assert "0.00 B parameters" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("remat", ["none", "dots", "full"])
+def test_activation_estimate_is_close_to_xla_memory_analysis(remat):
+    """The training-phase activations agree with what XLA allocates, within a factor of 2.
+
+    float32 compute: the CPU backend computes bfloat16 in float32, which would double its side.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    config = ModelConfig(
+        family="llama",
+        vocab_size=1024,
+        hidden_size=256,
+        intermediate_size=768,
+        num_layers=3,
+        num_heads=8,
+        num_kv_heads=4,
+        head_dim=32,
+    )
+    m, S = 4, 128
+    abstract = nnx.eval_shape(lambda: Decoder(config, remat=remat, rngs=nnx.Rngs(0)))
+    graphdef, state = nnx.split(abstract)
+
+    def loss(state, tokens):
+        logits = nnx.merge(graphdef, state)(tokens, jnp.broadcast_to(jnp.arange(S), tokens.shape))
+        return jnp.mean(jax.nn.logsumexp(logits, -1))
+
+    tokens = jax.ShapeDtypeStruct((m, S), jnp.int32)
+    xla = jax.jit(jax.grad(loss)).lower(state, tokens).compile().memory_analysis()
+    plan = PlanConfig(
+        prompt_len=1, completion_len=S - 1, batch=m, group_size=1, remat=remat,
+        compute_dtype="float32",
+    )  # fmt: skip
+    p = estimate(config, plan, "h100")
+    ratio = (p.memory["activations"] + p.memory["layer_buffers"]) / xla.temp_size_in_bytes
+    assert 0.5 < ratio < 2.0, (remat, ratio)

@@ -1,0 +1,209 @@
+"""Run by `test_multidevice.py` with 8 simulated CPU devices (`python -m` this module).
+
+Checks, on a (data=2, fsdp=2, tensor=2) mesh:
+
+- `shard` changes the sharding type under Explicit axes (`reshard`), constrains under Auto
+  axes, drops Manual axes inside `shard_map`, keeps values, and is transparent to gradients;
+- `batch_shardings` / `make_global_batch` place rows over (data, fsdp);
+- `optimizer_shardings` equals the shardings JAX itself propagates through `tx.init` on
+  sharded parameters (Explicit mode), and a jitted init with them as `out_shardings` runs;
+- `param_shardings` of a Decoder places every weight like `from_pretrained(mesh=...)` does, the
+  sharded forward equals the single-device one, `check_replication` accepts it and rejects a
+  rule table that replicates the embeddings;
+- `cache_shardings` of a KV cache (per-row and shared lengths).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+from jaxrl_llm.models import Decoder, KVCache, ModelConfig
+from jaxrl_llm.parallel import cache_shardings, param_shardings
+from sharding import (
+    LOGICAL_AXIS_RULES,
+    MeshConfig,
+    batch_shardings,
+    check_replication,
+    host_batch_slice,
+    logical_to_spec,
+    make_global_batch,
+    make_mesh,
+    optimizer_shardings,
+    shard,
+)
+
+CFG = ModelConfig(
+    family="qwen2",
+    vocab_size=64,
+    hidden_size=16,
+    intermediate_size=32,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=4,
+)
+
+
+def random_model(seed: int) -> Decoder:
+    """A Decoder with N(0, 0.02²) weights drawn on the host (eager init is slow on 8 devices)."""
+    abstract = nnx.eval_shape(lambda: Decoder(CFG, rngs=nnx.Rngs(0)))
+    graphdef, state = nnx.split(abstract)
+    rng = np.random.default_rng(seed)
+    state = jax.tree.map(lambda a: jnp.asarray(0.02 * rng.standard_normal(a.shape), a.dtype), state)
+    return nnx.merge(graphdef, state)
+
+
+def check_shard() -> None:
+    x = jnp.arange(8 * 6, dtype=jnp.float32).reshape(8, 6)
+    explicit = make_mesh(MeshConfig(data=2, fsdp=2, tensor=2))
+    with jax.set_mesh(explicit):
+        xs = jax.device_put(x, P(None, "tensor"))
+
+        def f(a):
+            y = shard(a * 2.0, ("batch", "embed"))
+            assert jax.typeof(y).sharding.spec == P(("data", "fsdp"), None), jax.typeof(y)
+            return y
+
+        y = jax.jit(f)(xs)
+        assert y.sharding.spec == P(("data", "fsdp"), None), y.sharding
+        np.testing.assert_array_equal(np.asarray(y), 2 * np.asarray(x))
+        loss = lambda a: jnp.sum(shard(a, ("batch", "mlp")) ** 2)  # noqa: E731
+        grad = jax.jit(jax.grad(loss))(xs)
+        np.testing.assert_allclose(np.asarray(grad), 2 * np.asarray(x))
+        # eager, outside jit, with the concrete mesh given explicitly
+        eager = shard(x, ("batch", "mlp"), mesh=explicit)
+        assert eager.sharding.spec == P(("data", "fsdp"), "tensor"), eager.sharding
+
+        # inside shard_map over `data`: the manual axis is dropped, fsdp still applies
+        def local(a):
+            return shard(a + 1.0, ("batch", "embed"))
+
+        out = jax.jit(
+            jax.shard_map(local, in_specs=P("data"), out_specs=P("data"), axis_names={"data"})
+        )(jax.device_put(x, P("data")))
+        np.testing.assert_array_equal(np.asarray(out), np.asarray(x) + 1)
+
+    auto = make_mesh(MeshConfig(data=2, fsdp=2, tensor=2, axis_types="auto"))
+    with jax.set_mesh(auto):
+        y = jax.jit(lambda a: shard(a - 1.0, ("batch", "vocab")))(x)
+    assert y.sharding.spec == P(("data", "fsdp"), "tensor"), y.sharding
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(x) - 1)
+
+
+def check_batches() -> None:
+    mesh = make_mesh(MeshConfig(data=2, fsdp=2, tensor=2))
+    tokens = np.arange(8 * 5, dtype=np.int32).reshape(8, 5)
+    assert host_batch_slice(8, mesh=mesh) == slice(0, 8)  # one process holds every row
+    batch = make_global_batch({"tokens": tokens, "reward": tokens[:, 0].astype(np.float32)}, mesh)
+    assert batch["tokens"].sharding.spec == P(("data", "fsdp"), None)
+    np.testing.assert_array_equal(np.asarray(batch["tokens"]), tokens)
+    placed = jax.device_put(tokens, batch_shardings(tokens, mesh))
+    assert placed.sharding == batch["tokens"].sharding
+    for shard_ in batch["tokens"].addressable_shards:
+        assert shard_.data.shape == (2, 5)
+    for bad, message in (
+        (lambda: make_global_batch({"x": np.zeros((6, 2))}, mesh), "into the 4 row blocks"),
+        (lambda: host_batch_slice(6, mesh=mesh), "(4 ways)"),
+    ):
+        try:
+            bad()
+        except ValueError as err:
+            assert message in str(err), err
+        else:
+            raise AssertionError(f"accepted: {message}")
+
+
+def check_optimizer_state() -> None:
+    mesh = make_mesh(MeshConfig(data=2, fsdp=2, tensor=2))
+    model = random_model(0)
+    state = nnx.state(model, nnx.Param)
+    shardings = param_shardings(state, mesh)
+    tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3))
+    with jax.set_mesh(mesh):
+        params = jax.device_put(state, shardings)
+        abstract = jax.eval_shape(tx.init, params)  # Explicit mode: JAX propagates shardings
+        derived = optimizer_shardings(abstract, params, shardings, mesh)
+        pairs = zip(
+            jax.tree_util.tree_flatten_with_path(abstract)[0], jax.tree.leaves(derived), strict=True
+        )
+        for path, leaf in ((p, (l, o)) for (p, l), o in pairs):
+            leaf, ours = leaf
+            if leaf.sharding is None:  # eval_shape leaves unsharded scalars (the step count) bare
+                assert leaf.ndim == 0 and ours.spec == P(), jax.tree_util.keystr(path)
+            else:
+                assert leaf.sharding.spec == ours.spec, (jax.tree_util.keystr(path), leaf, ours)
+        opt_state = jax.jit(tx.init, out_shardings=derived)(params)
+        for leaf, ours in zip(jax.tree.leaves(opt_state), jax.tree.leaves(derived), strict=True):
+            assert leaf.sharding.spec == ours.spec
+
+
+def check_params() -> None:
+    mesh = make_mesh(MeshConfig(data=2, fsdp=2, tensor=2, axis_types="auto"))
+    model = random_model(1)
+    graphdef, state = nnx.split(model)
+    shardings = param_shardings(state, mesh)
+    got = dict(nnx.to_flat_state(shardings))
+    for key, var in nnx.to_flat_state(state):  # as hf_io places each parameter
+        value = var.get_value()
+        names = var.get_metadata()["out_sharding"]
+        expected = logical_to_spec(names, LOGICAL_AXIS_RULES, mesh, shape=value.shape)
+        assert got[key].get_value().spec == expected, key
+    assert tuple(shardings["layers"]["attn"]["q"].get_value().spec) == (
+        None,
+        "fsdp",
+        "tensor",
+        None,
+    )
+    placed = jax.device_put(state, shardings)
+    report = check_replication(placed, max_replicated_fraction=0.05)  # leaves' own shardings
+    assert report.fraction < 0.05, report
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 64, (4, 6)), jnp.int32)
+    positions = jnp.broadcast_to(jnp.arange(6), (4, 6))
+    with jax.set_mesh(mesh):
+        logits = jax.jit(lambda s, t, p: nnx.merge(graphdef, s)(t, p))(placed, tokens, positions)
+    np.testing.assert_allclose(np.asarray(logits), np.asarray(model(tokens, positions)), atol=1e-5)
+    lazy_rules = tuple(
+        (n, None) if n in ("vocab", "embed") else (n, a) for n, a in LOGICAL_AXIS_RULES
+    )
+    try:
+        check_replication(state, param_shardings(state, mesh, rules=lazy_rules))
+    except ValueError as err:
+        assert "embed.value (64, 16)" in str(err), err
+    else:
+        raise AssertionError("check_replication accepted replicated embeddings")
+
+
+def check_cache() -> None:
+    mesh = make_mesh(MeshConfig(data=2, fsdp=2, tensor=2))
+    for shared in (False, True):
+        cache = KVCache.init(CFG, batch=4, max_len=6, shared_length=shared)
+        shardings = cache_shardings(cache, mesh)
+        placed = jax.device_put(cache, shardings)
+        assert placed.k.sharding.spec == P(None, ("data", "fsdp"), None, "tensor", None)
+        assert placed.positions.sharding.spec == P(("data", "fsdp"), None)
+        assert placed.lengths.sharding.spec == (P() if shared else P(("data", "fsdp")))
+    try:
+        cache_shardings(KVCache.init(CFG, batch=6, max_len=6), mesh)
+    except ValueError as err:
+        assert "has size 6" in str(err), err
+    else:
+        raise AssertionError("6 rows were accepted on data·fsdp = 4")
+
+
+def main() -> None:
+    assert jax.device_count() == 8, f"expected 8 devices, got {jax.device_count()}"
+    check_shard()
+    check_batches()
+    check_optimizer_state()
+    check_params()
+    check_cache()
+    print("multidevice: ok")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,212 @@
+"""Multi-host start-up: settings resolution, host batch slices, and a real 2-process job on CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import sharding.distributed as dist
+from sharding import (
+    MeshConfig,
+    host_batch_slice,
+    initialize_distributed,
+    make_global_batch,
+    make_mesh,
+)
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def no_cluster(monkeypatch):
+    """Pretend no cluster launcher is present, whatever machine runs the tests."""
+    monkeypatch.setattr(dist, "_cluster_environment", lambda: None)
+    monkeypatch.setattr(dist, "_STARTED", None)
+
+
+def test_single_process_runs_start_nothing(no_cluster, monkeypatch):
+    calls = []
+    monkeypatch.setattr(dist.jax.distributed, "initialize", lambda *a, **k: calls.append(k))
+    single = dist.ProcessInfo(0, 1, None, "single")
+    assert initialize_distributed(environ={}) == single
+    assert initialize_distributed(environ={dist.ENV_NUM_PROCESSES: ""}) == single  # empty = unset
+    assert initialize_distributed("localhost:1234", 1, 0, environ={}) == single
+    env = {dist.ENV_COORDINATOR: "h:1", dist.ENV_NUM_PROCESSES: "1", dist.ENV_PROCESS_ID: "0"}
+    assert initialize_distributed(environ=env) == single
+    assert calls == []
+
+
+def test_settings_come_from_arguments_before_the_environment(no_cluster, monkeypatch):
+    calls = []
+    monkeypatch.setattr(dist.jax.distributed, "initialize", lambda **k: calls.append(k))
+    env = {dist.ENV_COORDINATOR: "env:9", dist.ENV_NUM_PROCESSES: "4", dist.ENV_PROCESS_ID: "3"}
+    info = initialize_distributed(environ=env, initialization_timeout=7)
+    assert info == dist.ProcessInfo(3, 4, "env:9", "environment")
+    assert calls[-1]["coordinator_address"] == "env:9"
+    assert (calls[-1]["num_processes"], calls[-1]["process_id"]) == (4, 3)
+    assert calls[-1]["cluster_detection_method"] == "deactivate"
+    assert calls[-1]["initialization_timeout"] == 7
+    info = initialize_distributed("arg:1", 2, 1, environ=env)
+    assert info == dist.ProcessInfo(1, 2, "arg:1", "arguments")
+
+
+def test_cluster_launchers_are_left_to_jax(monkeypatch):
+    monkeypatch.setattr(dist, "_STARTED", None)
+    calls = []
+    monkeypatch.setattr(dist, "_cluster_environment", lambda: "SlurmCluster")
+    monkeypatch.setattr(dist.jax.distributed, "initialize", lambda **k: calls.append(k))
+    info = initialize_distributed(environ={})
+    assert info.source == "cluster" and "coordinator_address" not in calls[0]
+    # a JAX that moved its launcher registry: its own auto-detection decides
+    monkeypatch.setattr(dist, "_cluster_environment", lambda: "unknown")
+
+    def no_launcher(**kwargs):
+        raise ValueError("coordinator_address should be defined.")
+
+    monkeypatch.setattr(dist.jax.distributed, "initialize", no_launcher)
+    assert initialize_distributed(environ={}).source == "single"
+
+
+def test_partial_or_malformed_settings_are_errors(no_cluster):
+    with pytest.raises(ValueError, match="missing JAXRL_PROCESS_ID"):
+        initialize_distributed(environ={dist.ENV_COORDINATOR: "h:1", dist.ENV_NUM_PROCESSES: "2"})
+    with pytest.raises(ValueError, match="missing coordinator_address"):
+        initialize_distributed(num_processes=2, process_id=0, environ={})
+    with pytest.raises(ValueError, match="JAXRL_NUM_PROCESSES must be an integer, got 'two'"):
+        initialize_distributed(
+            environ={
+                dist.ENV_COORDINATOR: "h:1",
+                dist.ENV_NUM_PROCESSES: "two",
+                dist.ENV_PROCESS_ID: "0",
+            }
+        )
+    with pytest.raises(ValueError, match="0 <= process_id < num_processes, got process_id=2"):
+        initialize_distributed("h:1", 2, 2, environ={})
+
+
+def test_cluster_detection_sees_no_launcher_in_a_clean_environment():
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_", "KUBERNETES_"))
+    }
+    env["TPU_SKIP_MDS_QUERY"] = "1"
+    code = "import sharding.distributed as d; print(d._cluster_environment())"
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env | {"PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "None"
+
+
+def test_host_batch_slices_partition_the_batch():
+    slices = [host_batch_slice(24, process_index=p, process_count=4) for p in range(4)]
+    covered = np.concatenate([np.arange(24)[s] for s in slices])
+    np.testing.assert_array_equal(covered, np.arange(24))
+    assert slices[2] == slice(12, 18)
+    assert host_batch_slice(5, process_index=0, process_count=1) == slice(0, 5)
+
+
+def test_host_batch_slice_errors():
+    with pytest.raises(
+        ValueError, match="global_batch_size=10 is not divisible by the 4 processes"
+    ):
+        host_batch_slice(10, process_index=0, process_count=4)
+    with pytest.raises(ValueError, match="global_batch_size must be >= 1"):
+        host_batch_slice(0)
+    with pytest.raises(ValueError, match="global_batch_size must be an int"):
+        host_batch_slice(8.0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"process_index=4 is outside \[0, 4\)"):
+        host_batch_slice(8, process_index=4, process_count=4)
+
+
+def test_make_global_batch_on_one_device():
+    mesh = make_mesh(MeshConfig(), devices=dist.jax.devices()[:1])
+    batch = make_global_batch({"x": np.arange(6.0).reshape(3, 2), "y": np.array([1, 2, 3])}, mesh)
+    np.testing.assert_array_equal(np.asarray(batch["x"]), np.arange(6.0).reshape(3, 2))
+    assert batch["y"].shape == (3,)
+    with pytest.raises(ValueError, match="leaf 'z' is a scalar"):
+        make_global_batch({"z": np.float32(1.0)}, mesh)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# Messages with which a JAX build without cross-process CPU collectives refuses the job.
+_NO_CPU_COLLECTIVES = (
+    "Multiprocess computations aren't implemented on the CPU backend",
+    "CPU collectives are not supported",
+)
+
+
+def test_two_processes_build_one_global_batch_and_agree_on_a_reduction():
+    port = _free_port()
+    procs = []
+    for pid in range(2):
+        env = dict(os.environ)
+        env.update(
+            XLA_FLAGS="--xla_force_host_platform_device_count=4",
+            JAX_PLATFORMS="cpu",
+            PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
+            JAXRL_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+            JAXRL_NUM_PROCESSES="2",
+            JAXRL_PROCESS_ID=str(pid),
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "tests.sharding.two_process_runner"],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    outputs = []
+    try:
+        for proc in procs:
+            outputs.append(proc.communicate(timeout=180))
+    except subprocess.TimeoutExpired:
+        for proc in procs:
+            proc.kill()
+        logs = [p.communicate()[1][-2000:] for p in procs]
+        pytest.fail(f"2-process job timed out after 180 s; stderr tails: {logs}")
+    logs = "\n".join(
+        f"--- process {i} (rc {p.returncode})\n{o[0][-3000:]}\n{o[1][-3000:]}"
+        for i, (p, o) in enumerate(zip(procs, outputs, strict=True))
+    )
+    if any(p.returncode for p in procs) and any(m in logs for m in _NO_CPU_COLLECTIVES):
+        pytest.skip(f"this JAX build has no cross-process CPU collectives:\n{logs}")
+    assert all(p.returncode == 0 for p in procs), logs
+
+    results = []
+    for stdout, _ in outputs:
+        lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
+        assert len(lines) == 1, logs
+        results.append(json.loads(lines[0][len("RESULT ") :]))
+    # the global batch: rows r of x are 3r .. 3r + 2 (the runner's data); float64 reference
+    x = np.arange(16 * 3, dtype=np.float64).reshape(16, 3)
+    expected_sum = float(np.sum(x * x))
+    expected_rows = (x.sum(axis=1) ** 2).tolist()
+    for pid, r in enumerate(results):
+        assert r["process"] == pid and r["process_count"] == 2 and r["device_count"] == 8
+        assert r["slice"] == [8 * pid, 8 * pid + 8]  # host_batch_slice(16, mesh=mesh)
+        assert r["sum_sq"] == expected_sum
+        assert r["rows"] == expected_rows
+        assert r["again"] == r["info"]  # initialize_distributed is idempotent
+        assert r["info"] == [pid, 2, f"127.0.0.1:{port}", "environment"]
+    assert results[0]["sum_sq"] == results[1]["sum_sq"]
+    # log_main: only process 0 logs
+    assert "main says hello" in outputs[0][1] and "main says hello" not in outputs[1][1]

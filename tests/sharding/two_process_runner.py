@@ -1,0 +1,64 @@
+"""One of the two processes of `test_distributed.py` (4 simulated CPU devices each).
+
+Starts the distributed runtime from the `JAXRL_*` environment, loads this host's slice of a
+16-row batch, assembles the global array over a (data=2, fsdp=4, tensor=1) mesh and computes
+a jitted global reduction whose result every process prints (`RESULT {json}`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+
+import jax
+
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+
+from sharding import (  # noqa: E402  (the config update must come first)
+    MeshConfig,
+    host_batch_slice,
+    initialize_distributed,
+    log_main,
+    make_global_batch,
+    make_mesh,
+)
+
+
+def main() -> None:
+    info = initialize_distributed(initialization_timeout=60)
+    again = initialize_distributed()
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, force=True)
+    log_main("main says hello")
+    mesh = make_mesh(MeshConfig(data=2, fsdp=4))
+    x = np.arange(16 * 3, dtype=np.float32).reshape(16, 3)  # every host can build the batch
+    rows = host_batch_slice(16, mesh=mesh)
+    batch = make_global_batch({"x": x[rows]}, mesh)
+    assert batch["x"].shape == (16, 3), batch["x"].shape
+    replicated = NamedSharding(mesh, PartitionSpec())
+
+    @jax.jit
+    def reduce(a):
+        per_row = jnp.sum(a, axis=1) ** 2  # stays sharded over (data, fsdp)
+        return jnp.sum(a * a), jax.sharding.reshard(per_row, replicated)
+
+    total, per_row = reduce(batch["x"])
+    result = {
+        "process": jax.process_index(),
+        "process_count": jax.process_count(),
+        "device_count": jax.device_count(),
+        "slice": [rows.start, rows.stop],
+        "sum_sq": float(total.addressable_data(0)),
+        "rows": np.asarray(per_row.addressable_data(0)).astype(float).tolist(),
+        "info": list(info),
+        "again": list(again),
+    }
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,14 +1,48 @@
-"""Every notebook in `notebooks/` runs top to bottom (code cells executed in order, offline)."""
+"""Every notebook in `notebooks/` is committed clean, explains itself in prose, and runs.
+
+Notebooks are committed without outputs. Each one runs top to bottom in a fresh Python process,
+like a new kernel: its code cells are executed in order, offline, on the CPU, with the headless
+matplotlib backend (`MPLBACKEND=Agg`, so `plt.show()` draws without a display).
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+MIN_PROSE_WORDS = 15  # a markdown cell shorter than this is a heading, not an explanation
+MAX_CODE_RUN = 2  # at most this many code cells in a row without prose between them
+
+# Runs in the child process: execute the code cells in order, then report what was drawn.
+RUNNER = """
+import json, sys
+path = sys.argv[1]
+notebook = json.loads(open(path, encoding="utf-8").read())
+namespace = {"__name__": "__main__"}
+for index, cell in enumerate(notebook["cells"]):
+    if cell["cell_type"] == "code":
+        source = "".join(cell["source"])
+        exec(compile(source, f"{path} [cell {index}]", "exec"), namespace)
+if "matplotlib.pyplot" in sys.modules:
+    import matplotlib
+    import matplotlib.pyplot as plt
+    print(f"@@backend {matplotlib.get_backend().lower()} figures {len(plt.get_fignums())}")
+"""
+
+
+def load(path: pathlib.Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def words(cell: dict) -> int:
+    return len("".join(cell["source"]).split())
 
 
 def test_there_are_notebooks():
@@ -16,16 +50,64 @@ def test_there_are_notebooks():
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_notebook_runs(path, capsys):
-    notebook = json.loads(path.read_text())
-    assert notebook["nbformat"] == 4
-    namespace: dict = {"__name__": "__notebook__"}
-    for index, cell in enumerate(notebook["cells"]):
-        if cell["cell_type"] != "code":
-            continue
-        assert not cell.get("outputs"), (
-            f"{path.name} cell {index}: commit notebooks without outputs"
+def test_notebook_is_clean_and_explained(path):
+    notebook = load(path)
+    assert notebook["nbformat"] == 4, f"{path.name}: nbformat {notebook['nbformat']}, expected 4"
+    kernel = notebook["metadata"].get("kernelspec", {})
+    assert kernel.get("name") == "python3", f"{path.name}: kernelspec {kernel!r}"
+    cells = notebook["cells"]
+    code = [c for c in cells if c["cell_type"] == "code"]
+    assert code, f"{path.name} has no code cells"
+    for index, cell in enumerate(cells):
+        if cell["cell_type"] == "code":
+            assert not cell.get("outputs") and cell.get("execution_count") is None, (
+                f"{path.name} cell {index}: commit notebooks without outputs"
+            )
+
+    title = "".join(cells[0]["source"]) if cells[0]["cell_type"] == "markdown" else ""
+    assert title.startswith("# "), f"{path.name}: the first cell must be a markdown '# title'"
+    prose = [c for c in cells if c["cell_type"] == "markdown" and words(c) >= MIN_PROSE_WORDS]
+    assert len(prose) * 2 >= len(code), (
+        f"{path.name}: {len(prose)} prose cells for {len(code)} code cells; explain what the "
+        "reader sees (at least one markdown cell of prose per two code cells)"
+    )
+    run = 0
+    for index, cell in enumerate(cells):
+        run = run + 1 if cell["cell_type"] == "code" else 0
+        assert run <= MAX_CODE_RUN, (
+            f"{path.name} cell {index}: {run} code cells in a row without a markdown cell"
         )
-        source = "".join(cell["source"])
-        exec(compile(source, f"{path.name}[cell {index}]", "exec"), namespace)
-    assert capsys.readouterr().out, f"{path.name} printed nothing"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_runs(path):
+    env = dict(os.environ)
+    env.update(
+        MPLBACKEND="Agg",
+        JAX_PLATFORMS="cpu",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])),
+    )
+    env.pop("XLA_FLAGS", None)  # one CPU device, as on a laptop
+    result = subprocess.run(
+        [sys.executable, "-c", RUNNER, str(path)],
+        cwd=path.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, (
+        f"{path.name} failed (exit {result.returncode}):\n{result.stderr[-6000:]}"
+    )
+    lines = result.stdout.splitlines()
+    report = [line for line in lines if line.startswith("@@backend")]
+    assert any(line.strip() for line in lines if line not in report), f"{path.name} printed nothing"
+    source = "".join("".join(c["source"]) for c in load(path)["cells"] if c["cell_type"] == "code")
+    if "plt.show()" in source:
+        assert report, f"{path.name} calls plt.show() but matplotlib.pyplot was never imported"
+        backend, figures = report[-1].split()[1], int(report[-1].split()[-1])
+        assert backend == "agg", f"{path.name} ran with backend {backend!r}, expected Agg"
+        assert figures > 0, f"{path.name} calls plt.show() but drew no figure"

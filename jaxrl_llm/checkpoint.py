@@ -1,0 +1,560 @@
+"""Orbax checkpoints of the train state: periodic async saves, atomic steps, sharded restore.
+
+One step directory `DIR/<step>/` holds two items:
+
+    state   the train state pytree (`TrainState`: params, optimizer state, step, typed PRNG
+            key, KL controller ...), written with `orbax` `StandardSave`: every process writes
+            the shards it holds (OCDBT, one file set per process), so a multi-host run never
+            gathers the parameters on one host;
+    meta    a JSON mapping chosen by the training loop (data iterator position
+            `IteratorState._asdict()`, config hash, metrics so far ...), written by process 0.
+
+Guarantees (each pinned by a test in `tests/checkpoint/`):
+
+- **Atomic.** Orbax writes a step into `<step>.orbax-checkpoint-tmp` and renames it to
+  `<step>` only when every item is complete. A process killed during a save leaves the previous
+  steps intact; `Checkpointer` reports the unfinished step with an `IncompleteCheckpointWarning`
+  and never restores it (orbax removes the temporary directory when the next `Checkpointer`
+  opens the directory).
+- **Asynchronous.** With `async_save=True`, `save` returns once the arrays are copied off the
+  devices; files are written by a background thread, so the caller may donate or delete the
+  state's buffers right away. `wait()` blocks until the last save is on disk.
+- **Exact.** A restored state is bit-for-bit the saved one, typed PRNG keys (`jax.random.key`)
+  included, so a resumed run continues exactly where it stopped.
+- **Resharding.** `restore` reads onto the shardings of the *target* (`jax.Array` leaves or
+  `jax.ShapeDtypeStruct(shape, dtype, sharding=...)`): a checkpoint written on a mesh
+  (data=8, fsdp=1, tensor=1) restores onto (2, 2, 2) or onto one device.
+- **Checked.** Restoring into a target of another model raises a `ValueError` that names the
+  first mismatching leaves and both shapes / dtypes, before any data is read.
+
+Multi-host: every process constructs the `Checkpointer` on the same (shared) directory and calls
+`maybe_save` / `save` / `restore` with the same steps; orbax synchronises the processes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import pathlib
+import re
+import warnings
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+__all__ = [
+    "CheckpointConfig",
+    "Checkpointer",
+    "IncompleteCheckpointWarning",
+    "abstract_target",
+]
+
+_STATE = "state"
+_META = "meta"
+_TMP_STEP = re.compile(r"^(\d+)\.orbax-checkpoint-tmp")
+_MAX_LISTED = 5
+
+
+class IncompleteCheckpointWarning(UserWarning):
+    """A step whose save did not finish (the process stopped mid-save); it is never restored.
+
+    Examples:
+      >>> import warnings
+      >>> with warnings.catch_warnings(record=True) as caught:
+      ...     warnings.simplefilter("always")
+      ...     warnings.warn("step 7 did not finish", IncompleteCheckpointWarning)
+      >>> caught[0].category.__name__
+      'IncompleteCheckpointWarning'
+    """
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CheckpointConfig:
+    """When and how checkpoints are written (the `checkpoint:` section of a training config).
+
+    Attributes:
+      every: save every `every` update steps (step % every == 0); the loop also saves at the end.
+      keep: number of most recent checkpoints kept on disk; None keeps all.
+      async_save: write files in a background thread (training continues during the write).
+
+    Examples:
+      >>> from jaxrl_llm.config import build
+      >>> build(CheckpointConfig, {"every": 50, "keep": 2})
+      CheckpointConfig(every=50, keep=2, async_save=True)
+      >>> CheckpointConfig(every=0)
+      Traceback (most recent call last):
+      ...
+      ValueError: CheckpointConfig: `every` must be an int >= 1, got 0.
+    """
+
+    every: int = 100
+    keep: int | None = 3
+    async_save: bool = True
+
+    def __post_init__(self) -> None:
+        _check_positive_int("CheckpointConfig", "every", self.every)
+        if self.keep is not None:
+            _check_positive_int("CheckpointConfig", "keep", self.keep)
+        if not isinstance(self.async_save, bool):
+            raise ValueError(
+                f"CheckpointConfig: `async_save` must be a bool, got {self.async_save!r}."
+            )
+
+
+def _check_positive_int(owner: str, name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+        raise ValueError(f"{owner}: `{name}` must be an int >= 1, got {value!r}.")
+
+
+def _leaf_name(path: tuple[Any, ...]) -> str:
+    """Dotted leaf name, as orbax names it (`params.policy.kernel.value`, `opt_state.0.mu...`)."""
+    return jax.tree_util.keystr(path, simple=True, separator=".")
+
+
+def _is_prng_key(dtype: Any) -> bool:
+    return jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+
+
+def abstract_target(state: Any) -> Any:
+    """The restore target of `state`: `jax.ShapeDtypeStruct(shape, dtype, sharding)` per leaf.
+
+    `jax.Array` leaves contribute their own sharding; `jax.ShapeDtypeStruct` leaves must carry
+    one (build them with `jax.eval_shape` under a mesh, or with `sharding=`). The sharding
+    decides where each restored leaf lives, so a different mesh here reshards the checkpoint.
+
+    Args:
+      state: a pytree of `jax.Array` / `jax.ShapeDtypeStruct` leaves (e.g. a `TrainState`
+        built by `init_train_state`, or its `jax.eval_shape`).
+
+    Returns:
+      The same pytree with `jax.ShapeDtypeStruct` leaves (typed PRNG keys keep their key dtype).
+
+    Raises:
+      ValueError: a leaf is neither kind, or a `ShapeDtypeStruct` has no sharding (the message
+        names the leaf).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> target = abstract_target({"w": jnp.zeros((2, 3)), "key": jax.random.key(0)})
+      >>> target["w"].shape, target["key"].dtype
+      ((2, 3), key<fry>)
+    """
+    return _abstract(state, "abstract_target")
+
+
+def _abstract(state: Any, where: str) -> Any:
+    def one(path: tuple[Any, ...], leaf: Any) -> jax.ShapeDtypeStruct:
+        name = _leaf_name(path) or "<root>"
+        if isinstance(leaf, jax.Array):
+            return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=leaf.sharding)
+        if isinstance(leaf, jax.ShapeDtypeStruct):
+            if leaf.sharding is None:
+                raise ValueError(
+                    f"{where}: leaf '{name}' is a jax.ShapeDtypeStruct without a "
+                    "sharding; give it `sharding=` (e.g. a NamedSharding on the mesh) so the "
+                    "restore knows where to place it."
+                )
+            return leaf
+        raise ValueError(
+            f"{where}: leaf '{name}' must be a jax.Array or jax.ShapeDtypeStruct, got "
+            f"{type(leaf).__name__}."
+        )
+
+    return jax.tree_util.tree_map_with_path(one, state)
+
+
+def _stored_layout(leaf: jax.ShapeDtypeStruct) -> tuple[tuple[int, ...], np.dtype]:
+    """(shape, dtype) as orbax stores the leaf: typed PRNG keys are stored as their key data."""
+    if _is_prng_key(leaf.dtype):
+        data = jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct(leaf.shape, leaf.dtype))
+        return tuple(data.shape), np.dtype(data.dtype)
+    return tuple(leaf.shape), np.dtype(leaf.dtype)
+
+
+def _listed(items: list[str]) -> str:
+    shown = "; ".join(items[:_MAX_LISTED])
+    more = len(items) - _MAX_LISTED
+    return shown + (f"; ... and {more} more" if more > 0 else "")
+
+
+def _check_matches(saved_tree: Any, target: Any, *, where: str) -> None:
+    """Raise `ValueError` naming the first leaves whose names, shapes or dtypes differ."""
+    saved: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
+    for path, meta in jax.tree_util.tree_flatten_with_path(saved_tree)[0]:
+        saved[_leaf_name(path)] = (tuple(meta.shape), np.dtype(meta.dtype))
+    wanted = {
+        _leaf_name(path): _stored_layout(leaf)
+        for path, leaf in jax.tree_util.tree_flatten_with_path(target)[0]
+    }
+    problems = []
+    missing = [name for name in wanted if name not in saved]
+    extra = [name for name in saved if name not in wanted]
+    if missing:
+        problems.append(f"not in the checkpoint: {_listed(missing)}")
+    if extra:
+        problems.append(f"only in the checkpoint: {_listed(extra)}")
+    differ = [
+        f"{name}: checkpoint {saved[name][0]} {saved[name][1]} vs target {shape} {dtype}"
+        for name, (shape, dtype) in wanted.items()
+        if name in saved and saved[name] != (shape, dtype)
+    ]
+    if differ:
+        problems.append(f"shape/dtype mismatch: {_listed(differ)}")
+    if problems:
+        raise ValueError(
+            f"Checkpointer.restore: {where} does not match the target state (a checkpoint of a "
+            f"different model or config?) -- {' | '.join(problems)}."
+        )
+
+
+def _json_round_trip(meta: Any) -> dict[str, Any]:
+    """`meta` if it survives JSON unchanged, else a ValueError naming the offending key."""
+    if not isinstance(meta, Mapping):
+        raise ValueError(f"Checkpointer: `meta` must be a mapping, got {type(meta).__name__}.")
+    meta = dict(meta)
+    for key, value in meta.items():
+        if not isinstance(key, str):
+            raise ValueError(f"Checkpointer: `meta` keys must be str, got {key!r}.")
+        try:
+            back = json.loads(json.dumps(value))
+        except (TypeError, ValueError) as err:
+            raise ValueError(
+                f"Checkpointer: `meta['{key}']` is not JSON-serialisable ({err}); convert it "
+                "to dicts/lists/str/int/float/bool/None (e.g. IteratorState._asdict(), "
+                "float(x) for arrays)."
+            ) from None
+        if not _same_json(back, value):
+            raise ValueError(
+                f"Checkpointer: `meta['{key}']` = {value!r} does not survive JSON unchanged "
+                f"(it comes back as {back!r}); pass plain dicts and lists, e.g. "
+                "IteratorState._asdict() instead of the NamedTuple."
+            )
+    return meta
+
+
+def _same_json(back: Any, value: Any) -> bool:
+    if type(back) is not type(value):
+        return False
+    if isinstance(value, dict):
+        return back.keys() == value.keys() and all(_same_json(back[k], value[k]) for k in value)
+    if isinstance(value, list):
+        return len(back) == len(value) and all(map(_same_json, back, value))
+    if isinstance(value, float) and math.isnan(value):
+        return math.isnan(back)
+    return back == value
+
+
+class Checkpointer:
+    """Periodic, atomic, optionally asynchronous orbax checkpoints of a train-state pytree.
+
+    Args:
+      directory: where step directories go (created if missing); in multi-host runs a
+        filesystem that every process sees at the same path.
+      save_every: `maybe_save(step, ...)` saves when `step % save_every == 0`.
+      keep: number of most recent checkpoints kept; None keeps all.
+      async_save: write in a background thread (see the module docstring).
+
+    Raises:
+      ValueError: a bad argument (named in the message).
+
+    Examples:
+      >>> import tempfile, jax.numpy as jnp
+      >>> state = {"w": jnp.arange(3.0), "key": jax.random.key(0)}
+      >>> with Checkpointer(tempfile.mkdtemp(), save_every=2, async_save=False) as ckpt:
+      ...     ckpt.maybe_save(1, state, {"position": 1}), ckpt.maybe_save(2, state, {"position": 2})
+      ...     restored, meta = ckpt.restore(target_state=state)
+      (False, True)
+      >>> ckpt.latest_step(), meta, restored["w"].tolist()
+      (2, {'position': 2}, [0.0, 1.0, 2.0])
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        save_every: int,
+        keep: int | None = 3,
+        async_save: bool = True,
+    ) -> None:
+        if not isinstance(directory, str | os.PathLike) or not str(directory):
+            raise ValueError(
+                f"Checkpointer: `directory` must be a non-empty path, got {directory!r}."
+            )
+        _check_positive_int("Checkpointer", "save_every", save_every)
+        if keep is not None:
+            _check_positive_int("Checkpointer", "keep", keep)
+        if not isinstance(async_save, bool):
+            raise ValueError(f"Checkpointer: `async_save` must be a bool, got {async_save!r}.")
+        self.directory = pathlib.Path(directory).absolute()
+        if self.directory.exists() and not self.directory.is_dir():
+            raise ValueError(f"Checkpointer: `directory` {self.directory} is not a directory.")
+        self.save_every = int(save_every)
+        # Unfinished saves of earlier runs: reported now, removed by orbax on open.
+        self._unfinished = self._scan_unfinished()
+        for step, name in sorted(self._unfinished.items()):
+            warnings.warn(
+                f"Checkpointer: the save of step {step} in {self.directory} did not finish "
+                f"(found {name}); it is ignored and will be removed.",
+                IncompleteCheckpointWarning,
+                stacklevel=2,
+            )
+        preservation = ocp.checkpoint_managers.LatestN(n=None if keep is None else int(keep))
+        options = ocp.CheckpointManagerOptions(
+            enable_async_checkpointing=async_save,
+            preservation_policy=preservation,
+            cleanup_tmp_directories=True,
+            create=True,
+        )
+        self._manager = ocp.CheckpointManager(
+            self.directory,
+            options=options,
+            item_handlers={
+                _STATE: ocp.StandardCheckpointHandler(),
+                _META: ocp.JsonCheckpointHandler(),
+            },
+        )
+
+    @classmethod
+    def from_config(
+        cls, directory: str | os.PathLike[str], config: CheckpointConfig
+    ) -> Checkpointer:
+        """A `Checkpointer` with the settings of a `CheckpointConfig`.
+
+        Examples:
+          >>> import tempfile
+          >>> ckpt = Checkpointer.from_config(tempfile.mkdtemp(), CheckpointConfig(every=5))
+          >>> ckpt.save_every
+          5
+          >>> ckpt.close()
+        """
+        if not isinstance(config, CheckpointConfig):
+            raise ValueError(
+                f"Checkpointer.from_config: `config` must be a CheckpointConfig, got "
+                f"{type(config).__name__}."
+            )
+        return cls(
+            directory, save_every=config.every, keep=config.keep, async_save=config.async_save
+        )
+
+    def _scan_unfinished(self) -> dict[int, str]:
+        if not self.directory.is_dir():
+            return {}
+        found = {}
+        for entry in self.directory.iterdir():
+            match = _TMP_STEP.match(entry.name)
+            if match:
+                found[int(match.group(1))] = entry.name
+        return found
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def all_steps(self) -> list[int]:
+        """Steps with a complete checkpoint on disk, ascending (a save in flight excluded).
+
+        Examples:
+          >>> import tempfile
+          >>> with Checkpointer(tempfile.mkdtemp(), save_every=1) as ckpt:
+          ...     ckpt.all_steps()
+          []
+        """
+        return sorted(s for s in self._manager.all_steps() if self._is_complete(s))
+
+    def _is_complete(self, step: int) -> bool:
+        """Both items are present and readable through orbax's metadata API."""
+        try:
+            metadata = self._manager.item_metadata(step)
+        except (OSError, ValueError, KeyError):
+            return False
+        state = metadata.get(_STATE) if metadata is not None else None
+        return state is not None and _META in metadata
+
+    def latest_step(self) -> int | None:
+        """The newest complete step, or None when there is none (a fresh run).
+
+        Examples:
+          >>> import tempfile
+          >>> with Checkpointer(tempfile.mkdtemp(), save_every=1) as ckpt:
+          ...     ckpt.latest_step() is None
+          True
+        """
+        return next(self._complete_newest_first(), None)
+
+    def _complete_newest_first(self) -> Iterator[int]:
+        """Complete steps, newest first (reads metadata only as far as the caller iterates)."""
+        return (s for s in sorted(self._manager.all_steps(), reverse=True) if self._is_complete(s))
+
+    def maybe_save(self, step: int, state: Any, meta: Mapping[str, Any]) -> bool:
+        """Save when `step % save_every == 0` (and the step is not saved yet).
+
+        Args:
+          step: the update step this state is *after* (the loop's step counter).
+          state: the train-state pytree (`jax.Array` leaves, typed PRNG keys allowed).
+          meta: JSON-serialisable mapping stored next to it (returned by `restore`).
+
+        Returns:
+          Whether a save was started.
+
+        Raises:
+          ValueError: `step` is not an int >= 0, or `meta` does not survive JSON unchanged.
+
+        Examples:
+          >>> import tempfile, jax.numpy as jnp
+          >>> with Checkpointer(tempfile.mkdtemp(), save_every=10) as ckpt:
+          ...     [ckpt.maybe_save(s, {"x": jnp.ones(2)}, {}) for s in (5, 10, 10)]
+          [False, True, False]
+        """
+        step = self._check_step(step, "maybe_save")
+        if step % self.save_every:
+            return False
+        return self.save(step, state, meta)
+
+    def save(self, step: int, state: Any, meta: Mapping[str, Any]) -> bool:
+        """Save now, whatever `save_every` says (the final checkpoint of a run).
+
+        The call returns when the arrays are off the devices (async) or on disk (sync).
+        Saving a step that already has a complete checkpoint is a no-op returning False (e.g.
+        the last step was also a periodic step); an incomplete one is replaced, with an
+        `IncompleteCheckpointWarning`.
+
+        Args:
+          step: the update step (int >= 0).
+          state: the train-state pytree.
+          meta: JSON-serialisable mapping stored next to it.
+
+        Returns:
+          Whether a save was started.
+
+        Examples:
+          >>> import tempfile, jax.numpy as jnp
+          >>> with Checkpointer(tempfile.mkdtemp(), save_every=100) as ckpt:
+          ...     started = ckpt.save(7, {"x": jnp.ones(2)}, {"done": True})
+          ...     ckpt.wait()  # an asynchronous save counts once it is on disk
+          ...     started, ckpt.latest_step()
+          (True, 7)
+        """
+        step = self._check_step(step, "save")
+        meta = _json_round_trip(meta)
+        _abstract(state, "Checkpointer.save")  # every leaf an array (clear error otherwise)
+        if step in self._manager.all_steps():
+            self._manager.wait_until_finished()  # it may be this step's own save in flight
+            if self._is_complete(step):
+                return False
+            warnings.warn(
+                f"Checkpointer.save: step {step} in {self.directory} is incomplete (unreadable); "
+                "replacing it.",
+                IncompleteCheckpointWarning,
+                stacklevel=2,
+            )
+            self._manager.delete(step)
+        args = ocp.args.Composite(
+            **{_STATE: ocp.args.StandardSave(state), _META: ocp.args.JsonSave(meta)}
+        )
+        try:
+            return bool(self._manager.save(step, args=args, force=True))
+        except ocp.checkpoint_manager.StepAlreadyExistsError:
+            return False
+
+    @staticmethod
+    def _check_step(step: Any, method: str) -> int:
+        if isinstance(step, bool) or not isinstance(step, int | np.integer) or step < 0:
+            raise ValueError(f"Checkpointer.{method}: `step` must be an int >= 0, got {step!r}.")
+        return int(step)
+
+    def restore(self, step: int | None = None, *, target_state: Any) -> tuple[Any, dict[str, Any]]:
+        """Read a checkpoint onto the shardings of `target_state`.
+
+        Args:
+          step: the step to read; None reads the newest complete one (a newer save that did
+            not finish is skipped with an `IncompleteCheckpointWarning`).
+          target_state: a pytree like the saved state, with `jax.Array` leaves (e.g. a freshly
+            initialised state) or `jax.ShapeDtypeStruct(..., sharding=...)` leaves (e.g.
+            `jax.eval_shape` of the initialiser under the mesh). Its tree structure is the
+            structure of the result (NamedTuples, `nnx.State`, ...), its shardings are where
+            the leaves land.
+
+        Returns:
+          `(state, meta)`: the restored state (bit-for-bit the saved values) and the JSON meta.
+
+        Raises:
+          ValueError: no complete checkpoint (or not the requested step), or the checkpoint does
+            not match the target (names, shapes, dtypes; the message lists the first ones).
+
+        Examples:
+          >>> import tempfile, jax.numpy as jnp
+          >>> with Checkpointer(tempfile.mkdtemp(), save_every=1, async_save=False) as ckpt:
+          ...     _ = ckpt.save(3, {"w": jnp.ones((2, 2))}, {})
+          ...     ckpt.restore(target_state={"w": jnp.zeros((3, 2))})
+          Traceback (most recent call last):
+          ...
+          ValueError: Checkpointer.restore: step 3 ... shape/dtype mismatch: w: checkpoint (2, 2) float32 vs target (3, 2) float32.
+        """
+        target = _abstract(target_state, "Checkpointer.restore")
+        self._manager.wait_until_finished()
+        if step is None:
+            step = self._latest_for_restore()
+        else:
+            step = self._check_step(step, "restore")
+            if step not in self._manager.all_steps() or not self._is_complete(step):
+                raise ValueError(
+                    f"Checkpointer.restore: `step` {step} has no complete checkpoint in "
+                    f"{self.directory}; complete steps: {self.all_steps() or 'none'}."
+                )
+        saved = self._manager.item_metadata(step)[_STATE]
+        _check_matches(saved.tree, target, where=f"step {step} in {self.directory}")
+        restored = self._manager.restore(
+            step,
+            args=ocp.args.Composite(
+                **{_STATE: ocp.args.StandardRestore(target), _META: ocp.args.JsonRestore()}
+            ),
+        )
+        return restored[_STATE], dict(restored[_META])
+
+    def _latest_for_restore(self) -> int:
+        """The newest complete step; warns about newer incomplete ones (once per instance)."""
+        latest = self.latest_step()
+        if latest is None:
+            ignored = f" (unfinished saves of steps {sorted(self._unfinished)} are ignored)"
+            raise ValueError(
+                f"Checkpointer.restore: no complete checkpoint in {self.directory}"
+                + (ignored if self._unfinished else "")
+                + "."
+            )
+        skipped = {s for s in self._unfinished if s > latest}
+        skipped |= {s for s in self._manager.all_steps() if s > latest}
+        if skipped:
+            warnings.warn(
+                f"Checkpointer.restore: skipping step(s) {sorted(skipped)} in {self.directory}, "
+                f"whose save did not finish or is unreadable; restoring step {latest}.",
+                IncompleteCheckpointWarning,
+                stacklevel=3,
+            )
+            self._unfinished = {}  # reported once; orbax removed their directories
+        return latest
+
+    def wait(self) -> None:
+        """Block until the last (asynchronous) save is on disk.
+
+        Examples:
+          >>> import tempfile
+          >>> with Checkpointer(tempfile.mkdtemp(), save_every=1) as ckpt:
+          ...     ckpt.wait()
+        """
+        self._manager.wait_until_finished()
+
+    def close(self) -> None:
+        """Finish pending saves and release orbax's threads (also done by `with`).
+
+        Examples:
+          >>> import tempfile
+          >>> Checkpointer(tempfile.mkdtemp(), save_every=1).close()
+        """
+        self._manager.close()

@@ -11,8 +11,9 @@ Every `nnx.Param` of the models carries its logical axis names in its `out_shard
     opt_shardings = sharding.optimizer_shardings(opt_state, state, shardings, mesh)
 
 `cache_shardings` does the same for a `KVCache`, whose buffers have the logical axes
-`CACHE_AXES` (`layers, batch, cache_seq, kv_heads, head_dim`) under the activation rules: the
-rows over `("data", "fsdp")`, KV heads over `tensor` when they divide it.
+`KVCache.logical_axes()` (keys `layers, batch, kv_heads, cache_seq, head_dim`, values with the last
+two swapped) under the activation rules: the rows over `("data", "fsdp")`, KV heads over `tensor`
+when they divide it.
 """
 
 from __future__ import annotations
@@ -23,13 +24,9 @@ import jax
 from flax import nnx
 from jax.sharding import AbstractMesh, Mesh
 
-from jaxrl_llm.models.cache import CACHE_AXES, KVCache
+from jaxrl_llm.models.cache import KVCache
 from sharding import ACTIVATION_AXIS_RULES, LOGICAL_AXIS_RULES, logical_shardings, path_str
 from sharding.rules import Rules
-
-# Logical axes of the cache's bookkeeping arrays (the buffers use CACHE_AXES).
-CACHE_POSITIONS_AXES = ("batch", "cache_seq")
-CACHE_LENGTHS_AXES = ("batch",)
 
 
 def _is_variable(x: Any) -> bool:
@@ -106,7 +103,7 @@ def cache_shardings(
 ) -> KVCache:
     """`NamedSharding`s of a `KVCache` (arrays or `jax.ShapeDtypeStruct`s).
 
-    `k`, `v` `[L, N, T, K, Hd]` use `CACHE_AXES`; `positions` `[N, T]` use
+    `k` `[L, N, K, T, Hd]` and `v` `[L, N, K, Hd, T]` use `KVCache.logical_axes()`; `positions` `[N, T]` use
     `("batch", "cache_seq")`; `lengths` is `[N]` (`"batch"`) or a shared scalar (replicated).
     The rows must split over the batch mesh axes; KV heads that `tensor` does not divide are
     replicated over it (every device of a tensor group then keeps all heads).
@@ -122,10 +119,6 @@ def cache_shardings(
       >>> cache = jax.eval_shape(lambda: KVCache.init(cfg, batch=8, max_len=6))
       >>> out = cache_shardings(cache, AbstractMesh((2, 2, 2), ("data", "fsdp", "tensor")))
       >>> tuple(out.k.spec), tuple(out.positions.spec)
-      ((None, ('data', 'fsdp'), None, 'tensor', None), (('data', 'fsdp'), None))
+      ((None, ('data', 'fsdp'), 'tensor', None, None), (('data', 'fsdp'), None))
     """
-    lengths_axes = CACHE_LENGTHS_AXES if len(cache.lengths.shape) == 1 else ()
-    names = KVCache(
-        k=CACHE_AXES, v=CACHE_AXES, positions=CACHE_POSITIONS_AXES, lengths=lengths_axes
-    )
-    return logical_shardings(cache, names, mesh, rules=rules, must_split=("batch",))
+    return logical_shardings(cache, cache.logical_axes(), mesh, rules=rules, must_split=("batch",))

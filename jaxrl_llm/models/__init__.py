@@ -5,14 +5,15 @@ checkpoint with `from_pretrained(path, dtype=..., param_dtype=..., mesh=...)`, w
 with `save_pretrained(model, path)`; decode with a `KVCache`; score with a `ValueModel`.
 """
 
-from jaxrl_llm.models.cache import CACHE_AXES, KVCache, positions_from_mask
+from jaxrl_llm.models.cache import CACHE_KEY_AXES, CACHE_VALUE_AXES, KVCache, positions_from_mask
 from jaxrl_llm.models.config import SUPPORTED_FAMILIES, ModelConfig, RopeConfig
 from jaxrl_llm.models.decoder import Decoder
 from jaxrl_llm.models.hf_io import from_pretrained, save_pretrained
 from jaxrl_llm.models.value import ValueHead, ValueModel
 
 __all__ = [
-    "CACHE_AXES",
+    "CACHE_KEY_AXES",
+    "CACHE_VALUE_AXES",
     "SUPPORTED_FAMILIES",
     "Decoder",
     "KVCache",

@@ -2,20 +2,28 @@
 
 Layout (T = `max_len` slots):
 
-- `k`, `v`: `[L, N, T, K, Hd]` in the compute dtype. Layer-major so the decoder's `lax.scan`
-  over layers slices one `[N, T, K, Hd]` buffer per step.
+- `k`: `[L, N, K, T, Hd]` and `v`: `[L, N, K, Hd, T]` in the compute dtype. Layer-major so the
+  decoder's `lax.scan` over layers slices one buffer per step. Heads come before slots, and
+  the values are stored slot-minor, because these are the layouts in which the two attention
+  matmuls (`q·kᵀ` and `p·v`) read the cache without a transposing copy: on XLA:CPU that copy of
+  the whole cache, once per layer and decode step, cost up to a third of the sampler's time.
+  The layers see `[N, T, K, Hd]` views (transposes that XLA folds into the matmuls).
 - `positions`: `[N, T]` int32, the rotary position of the token held in each slot, or `-1` for
   an empty slot or a padding token. Attention reads only slots with `positions >= 0`, so a
   left-padded prompt can be written as is.
 - `lengths`: `[N]` int32, the number of slots written in each row; the next call writes its
-  `S` tokens to slots `lengths[n] .. lengths[n] + S - 1` of row `n`.
+  `S` tokens to slots `lengths[n] .. lengths[n] + S - 1` of row `n`. A scalar `[]` int32
+  (`KVCache.init(..., shared_length=True)`) says that every row has written the same number of
+  slots, as in a left-padded batch decoded in lockstep (the sampler): each call then writes all
+  rows with one `dynamic_update_slice` instead of one per row.
 
 One call of `Decoder.decode` writes S new tokens (S = P for a prefill, 1 per decode step) and
 attends to every valid slot at or before its own (`slot_k <= slot_q`), within the layer's sliding
 window measured in positions. Shapes never change, so the decode loop compiles once; the caller
 sizes `max_len` to hold prompt and completion (writes past the end are clamped by XLA and would
 overwrite the last slot; `Decoder.decode` checks this when `lengths` is concrete).
-The logical axes of the buffers are `CACHE_AXES`, for `sharding.logical_to_spec`.
+The logical axes of the buffers are `CACHE_KEY_AXES` and `CACHE_VALUE_AXES`
+(`KVCache.logical_axes` gives them for a whole cache), for `sharding.logical_to_spec`.
 """
 
 from __future__ import annotations
@@ -29,37 +37,60 @@ from jaxrl_llm.models.config import ModelConfig
 
 Array = jax.Array
 
-CACHE_AXES = ("layers", "batch", "cache_seq", "kv_heads", "head_dim")
+CACHE_KEY_AXES = ("layers", "batch", "kv_heads", "cache_seq", "head_dim")
+CACHE_VALUE_AXES = ("layers", "batch", "kv_heads", "head_dim", "cache_seq")
 
 
 class KVCache(NamedTuple):
-    """Preallocated keys/values `[L, N, T, K, Hd]`, slot positions `[N, T]`, row lengths `[N]`.
+    """Preallocated keys `[L, N, K, T, Hd]`, values `[L, N, K, Hd, T]`, positions, lengths.
 
     Examples:
       >>> from jaxrl_llm.models import ModelConfig
       >>> cfg = ModelConfig(family="llama", vocab_size=11, hidden_size=8, intermediate_size=16,
       ...                   num_layers=2, num_heads=2, num_kv_heads=1, head_dim=4)
       >>> cache = KVCache.init(cfg, batch=3, max_len=5)
-      >>> cache.k.shape, cache.positions.shape, cache.lengths.tolist()
-      ((2, 3, 5, 1, 4), (3, 5), [0, 0, 0])
+      >>> cache.k.shape, cache.v.shape, cache.positions.shape, cache.lengths.tolist()
+      ((2, 3, 1, 5, 4), (2, 3, 1, 4, 5), (3, 5), [0, 0, 0])
     """
 
-    k: Array  # [L, N, T, K, Hd]
-    v: Array  # [L, N, T, K, Hd]
+    k: Array  # [L, N, K, T, Hd]
+    v: Array  # [L, N, K, Hd, T]
     positions: Array  # [N, T] int32, -1 = empty or padding
-    lengths: Array  # [N] int32, slots written per row
+    lengths: Array  # [N] int32, slots written per row ([] int32: the same for every row)
 
     @classmethod
     def init(
-        cls, config: ModelConfig, *, batch: int, max_len: int, dtype: Any = jnp.float32
+        cls,
+        config: ModelConfig,
+        *,
+        batch: int,
+        max_len: int,
+        dtype: Any = jnp.float32,
+        shared_length: bool = False,
     ) -> KVCache:
-        """An empty cache for `batch` rows of up to `max_len` tokens each."""
-        shape = (config.num_layers, batch, max_len, config.num_kv_heads, config.head_dim)
+        """An empty cache for `batch` rows of up to `max_len` tokens each.
+
+        `shared_length=True` keeps one scalar length for all rows (lockstep decoding of a
+        left-padded batch): writes become a single `dynamic_update_slice`.
+        """
+        L, K, Hd = config.num_layers, config.num_kv_heads, config.head_dim
         return cls(
-            k=jnp.zeros(shape, dtype),
-            v=jnp.zeros(shape, dtype),
+            k=jnp.zeros((L, batch, K, max_len, Hd), dtype),
+            v=jnp.zeros((L, batch, K, Hd, max_len), dtype),
             positions=jnp.full((batch, max_len), -1, jnp.int32),
-            lengths=jnp.zeros((batch,), jnp.int32),
+            lengths=jnp.zeros(() if shared_length else (batch,), jnp.int32),
+        )
+
+    def logical_axes(self) -> KVCache:
+        """The logical axis names of each field, as a `KVCache` of tuples (for sharding).
+
+        `lengths` is `("batch",)`, or `()` for a shared scalar length.
+        """
+        return KVCache(
+            k=CACHE_KEY_AXES,
+            v=CACHE_VALUE_AXES,
+            positions=("batch", "cache_seq"),
+            lengths=("batch",) if len(self.lengths.shape) == 1 else (),
         )
 
     @property
@@ -68,17 +99,26 @@ class KVCache(NamedTuple):
         return self.positions.shape[1]
 
 
-def write_rows(buffer: Array, new: Array, starts: Array) -> Array:
-    """Write `new[N, S, ...]` into `buffer[N, T, ...]` at slot `starts[n]` of each row `n`.
+def write_rows(buffer: Array, new: Array, starts: Array, *, axis: int = 1) -> Array:
+    """Write `new` into `buffer[N, ...]` at slot `starts[n]` of each row `n` along `axis`.
+
+    `buffer` and `new` agree on every axis but the slot axis `axis` (T in `buffer`, S in `new`).
+    A scalar `starts` writes every row at the same slot with one `dynamic_update_slice`.
 
     Examples:
       >>> write_rows(jnp.zeros((2, 4)), jnp.ones((2, 2)), jnp.array([0, 1]))
       Array([[1., 1., 0., 0.],
              [0., 1., 1., 0.]], dtype=float32)
+      >>> write_rows(jnp.zeros((2, 4)), jnp.ones((2, 1)), jnp.array(2))
+      Array([[0., 0., 1., 0.],
+             [0., 0., 1., 0.]], dtype=float32)
     """
+    if jnp.ndim(starts) == 0:
+        index = tuple(starts if d == axis else 0 for d in range(buffer.ndim))
+        return jax.lax.dynamic_update_slice(buffer, new.astype(buffer.dtype), index)
 
     def one_row(row: Array, values: Array, start: Array) -> Array:
-        index = (start,) + (0,) * (row.ndim - 1)
+        index = tuple(start if d == axis - 1 else 0 for d in range(row.ndim))
         return jax.lax.dynamic_update_slice(row, values.astype(row.dtype), index)
 
     return jax.vmap(one_row)(buffer, new, starts)
@@ -106,8 +146,8 @@ def cached_attention_mask(
     valid token (`after.positions >= 0`), and with a `window`, only those with
     `q_position - k_position < window`.
     """
-    S = q_positions.shape[1]
-    q_slot = before.lengths[:, None] + jnp.arange(S)[None, :]  # [N, S]
+    N, S = q_positions.shape
+    q_slot = jnp.broadcast_to(before.lengths, (N,))[:, None] + jnp.arange(S)[None, :]  # [N, S]
     k_slot = jnp.arange(after.max_len)  # [T]
     k_pos = after.positions  # [N, T]
     mask = (k_slot[None, None, :] <= q_slot[:, :, None]) & (k_pos[:, None, :] >= 0)

@@ -188,6 +188,27 @@ class Decoder(nnx.Module):
         real tokens (padding slots are written but never read). S = prompt length for a
         prefill, 1 for a decode step.
         """
+        hidden, cache = self.decode_hidden(tokens, positions, cache, attention_mask=attention_mask)
+        return self.logits(hidden), cache
+
+    def decode_hidden(
+        self,
+        tokens: Array,
+        positions: Array,
+        cache: kv_cache.KVCache,
+        *,
+        attention_mask: Array | None = None,
+        layer_unroll: int = 1,
+    ) -> tuple[Array, kv_cache.KVCache]:
+        """`decode` without the output projection: final-normed hidden states `[N, S, D]`.
+
+        A prefill that only needs the next-token logits projects `hidden[:, -1]` with
+        `logits`, instead of materialising `[N, S, V]`. `layer_unroll` layers run per
+        iteration of the layer scan: a decode step is small, and on CPU the loop's overhead
+        is a sizeable part of it (compile time grows with the unroll).
+        """
+        if isinstance(layer_unroll, bool) or not isinstance(layer_unroll, int) or layer_unroll < 1:
+            raise ValueError(f"decode: `layer_unroll` must be an int >= 1, got {layer_unroll!r}.")
         _check_inputs(tokens, positions, attention_mask, "attention_mask")
         S = tokens.shape[1]
         if not isinstance(cache.lengths, jax.core.Tracer):
@@ -204,13 +225,25 @@ class Decoder(nnx.Module):
             return kv_cache.cached_attention_mask(cache, after, positions, window)
 
         x, (k, v) = self._layers(
-            self._embed(tokens), positions, mask_fn, (cache.k, cache.v, cache.lengths)
+            self._embed(tokens),
+            positions,
+            mask_fn,
+            (cache.k, cache.v, cache.lengths),
+            unroll=min(layer_unroll, self.config.num_layers),
         )
-        return self.logits(self.final_norm(x)), after._replace(k=k, v=v)
+        return self.final_norm(x), after._replace(k=k, v=v)
 
-    def init_cache(self, *, batch: int, max_len: int) -> kv_cache.KVCache:
-        """An empty `KVCache` for this model in its compute dtype."""
-        return kv_cache.KVCache.init(self.config, batch=batch, max_len=max_len, dtype=self.dtype)
+    def init_cache(
+        self, *, batch: int, max_len: int, shared_length: bool = False
+    ) -> kv_cache.KVCache:
+        """An empty `KVCache` for this model in its compute dtype (see `KVCache.init`)."""
+        return kv_cache.KVCache.init(
+            self.config,
+            batch=batch,
+            max_len=max_len,
+            dtype=self.dtype,
+            shared_length=shared_length,
+        )
 
     # ----------------------------------------------------------------------------- internals
 
@@ -236,9 +269,17 @@ class Decoder(nnx.Module):
         return (full_angles, local_angles), (full_mask, local_mask), jnp.asarray(sliding)
 
     def _layers(
-        self, x: Array, positions: Array, mask_fn: Any, kv: tuple[Array, Array, Array] | None
+        self,
+        x: Array,
+        positions: Array,
+        mask_fn: Any,
+        kv: tuple[Array, Array, Array] | None,
+        unroll: int = 1,
     ) -> tuple[Array, Any]:
-        """Scan the stacked layers over `x[N, S, D]`; with `kv` also write/read the cache."""
+        """Scan the stacked layers over `x[N, S, D]`; with `kv` also write/read the cache.
+
+        `unroll` layers run per iteration of the scan (`lax.scan(unroll=...)`).
+        """
         angles, masks, sliding = self._per_layer_inputs(positions, mask_fn)
         mixed = isinstance(masks, tuple)
         graphdef, state = nnx.split(self.layers)
@@ -255,13 +296,20 @@ class Decoder(nnx.Module):
             if kv_layer is not None:
 
                 def write(k_new: Array, v_new: Array) -> tuple[Array, Array, Any]:
-                    k_buf = kv_cache.write_rows(kv_layer[0], k_new, starts)
-                    v_buf = kv_cache.write_rows(kv_layer[1], v_new, starts)
-                    return k_buf, v_buf, (k_buf, v_buf)
+                    # buffers: k [N, K, T, Hd], v [N, K, Hd, T] (see cache.py); the new
+                    # [N, S, K, Hd] keys/values are written in that layout and attention
+                    # reads [N, T, K, Hd] views, transposes that XLA folds into the matmuls.
+                    k_new = jnp.transpose(k_new, (0, 2, 1, 3))
+                    v_new = jnp.transpose(v_new, (0, 2, 3, 1))
+                    k_buf = kv_cache.write_rows(kv_layer[0], k_new, starts, axis=2)
+                    v_buf = kv_cache.write_rows(kv_layer[1], v_new, starts, axis=3)
+                    k_read = jnp.transpose(k_buf, (0, 2, 1, 3))
+                    v_read = jnp.transpose(v_buf, (0, 3, 1, 2))
+                    return k_read, v_read, (k_buf, v_buf)
 
             return block(x, sin, cos, mask, write)
 
         if self.remat != "none":
             body = jax.checkpoint(body, policy=_REMAT_POLICIES[self.remat])
         kv_xs = None if kv is None else (kv[0], kv[1])
-        return jax.lax.scan(body, x, (state, sliding, kv_xs))
+        return jax.lax.scan(body, x, (state, sliding, kv_xs), unroll=unroll)

@@ -9,7 +9,14 @@ from flax import nnx
 from jax.sharding import AbstractMesh
 from jax.sharding import PartitionSpec as P
 
-from jaxrl_llm.models import CACHE_AXES, Decoder, KVCache, ModelConfig, ValueModel
+from jaxrl_llm.models import (
+    CACHE_KEY_AXES,
+    CACHE_VALUE_AXES,
+    Decoder,
+    KVCache,
+    ModelConfig,
+    ValueModel,
+)
 from jaxrl_llm.parallel import cache_shardings, logical_axes, param_shardings
 from sharding import LOGICAL_AXIS_RULES, logical_to_spec
 
@@ -65,10 +72,11 @@ def test_a_parameter_without_names_is_an_error():
 
 
 def test_cache_shardings_follow_cache_axes():
-    assert CACHE_AXES == ("layers", "batch", "cache_seq", "kv_heads", "head_dim")
+    assert CACHE_KEY_AXES == ("layers", "batch", "kv_heads", "cache_seq", "head_dim")
+    assert CACHE_VALUE_AXES == ("layers", "batch", "kv_heads", "head_dim", "cache_seq")
     cache = jax.eval_shape(lambda: KVCache.init(CFG, batch=4, max_len=5))
     out = cache_shardings(cache, MESH)
-    assert out.k.spec == P(None, ("data", "fsdp"), None, "tensor", None) == out.v.spec
+    assert out.k.spec == P(None, ("data", "fsdp"), "tensor", None, None) == out.v.spec
     assert out.positions.spec == P(("data", "fsdp"), None)
     assert out.lengths.spec == P(("data", "fsdp"))
     shared = jax.eval_shape(lambda: KVCache.init(CFG, batch=4, max_len=5, shared_length=True))

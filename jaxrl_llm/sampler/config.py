@@ -1,0 +1,133 @@
+"""`SamplingConfig`: the static settings of one compiled sampler (a frozen, hashable dataclass).
+
+Everything here is a Python value resolved at trace time, so the config is a static argument
+of the compiled sampler and embeds in the training config (built from YAML with
+`jaxrl_llm.config.build`). Traced per-call inputs (weights, prompts, keys, per-row budgets) are
+arguments of `sample_tokens`, never config fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SamplingConfig:
+    """Static settings of the sampler: budget, distribution controls, stop tokens, loop shape.
+
+    The sampling distribution of a step is built from the float32 logits `z` in this order
+    (the order of Hugging Face's logits warpers):
+
+        z' = z / temperature                      (temperature = 0: greedy argmax of z)
+        top_k:  keep the k largest z'
+        top_p:  keep the smallest prefix (by decreasing probability) whose mass reaches p,
+                measured on the distribution left by top_k
+        min_p:  keep tokens with p(v) >= min_p · max_v p(v)
+
+    Kept tokens are renormalised; ties at a cut-off are all kept. Nucleus sampling: "The Curious
+    Case of Neural Text Degeneration" (arXiv 1904.09751); min-p: "Turning Up the Heat: Min-p
+    Sampling for Creative and Coherent LLM Outputs" (arXiv 2407.01082).
+
+    Attributes:
+      max_new_tokens: global completion budget T (static; per-row budgets may be smaller).
+      temperature: τ >= 0; 0 means greedy.
+      top_k: None (off) or k >= 1.
+      top_p: None (off) or 0 < p <= 1.
+      min_p: None (off) or 0 <= min_p <= 1.
+      num_samples: G completions per prompt; the prompt is prefilled once and its KV cache
+        broadcast to the G rows (rows are prompt-major: row `b·G + g`).
+      stop_tokens: token ids that end a row (the stop token is part of the completion).
+      pad_id: token id written after a row has stopped (never counted: its mask is 0).
+      steps_per_loop: decode steps per `while_loop` iteration (partial unroll; amortises the
+        loop overhead; the loop may run up to `steps_per_loop - 1` steps past the last row).
+      layer_unroll: decoder layers per iteration of the layer scan in prefill and decode
+        (`Decoder.decode_hidden(layer_unroll=...)`); unrolling removes a nested loop per step,
+        at the price of compile time growing with it.
+      bucket_multiple: prompt lengths are padded up to a multiple of this; None pads to the
+        next power of two (at least `min_bucket`). Used by `generate` on the host.
+      min_bucket: smallest padded prompt length.
+
+    Examples:
+      >>> from jaxrl_llm.config import build
+      >>> cfg = build(SamplingConfig, {"max_new_tokens": 32, "top_p": 0.9, "stop_tokens": [2]})
+      >>> cfg.top_p, cfg.stop_tokens, cfg.greedy
+      (0.9, (2,), False)
+      >>> SamplingConfig(max_new_tokens=0)
+      Traceback (most recent call last):
+      ...
+      ValueError: SamplingConfig: `max_new_tokens` must be an int >= 1, got 0.
+    """
+
+    max_new_tokens: int = 256
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    num_samples: int = 1
+    stop_tokens: tuple[int, ...] = ()
+    pad_id: int = 0
+    steps_per_loop: int = 4
+    layer_unroll: int = 8
+    bucket_multiple: int | None = None
+    min_bucket: int = 16
+
+    def __post_init__(self) -> None:
+        for name in (
+            "max_new_tokens",
+            "num_samples",
+            "steps_per_loop",
+            "layer_unroll",
+            "min_bucket",
+        ):
+            _check_int(self, name, low=1)
+        _check_int(self, "pad_id", low=0)
+        if self.top_k is not None:
+            _check_int(self, "top_k", low=1)
+        if self.bucket_multiple is not None:
+            _check_int(self, "bucket_multiple", low=1)
+        if not _is_number(self.temperature) or not (
+            math.isfinite(self.temperature) and self.temperature >= 0
+        ):
+            raise ValueError(
+                f"SamplingConfig: `temperature` must be a finite number >= 0 (0 = greedy), "
+                f"got {self.temperature!r}."
+            )
+        if self.top_p is not None and not (_is_number(self.top_p) and 0 < self.top_p <= 1):
+            raise ValueError(
+                f"SamplingConfig: `top_p` must be in (0, 1] or None, got {self.top_p!r}."
+            )
+        if self.min_p is not None and not (_is_number(self.min_p) and 0 <= self.min_p <= 1):
+            raise ValueError(
+                f"SamplingConfig: `min_p` must be in [0, 1] or None, got {self.min_p!r}."
+            )
+        if not isinstance(self.stop_tokens, tuple) or not all(
+            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_tokens
+        ):
+            raise ValueError(
+                "SamplingConfig: `stop_tokens` must be a tuple of token ids >= 0, "
+                f"got {self.stop_tokens!r}."
+            )
+        object.__setattr__(self, "temperature", float(self.temperature))
+
+    @property
+    def greedy(self) -> bool:
+        """Whether this config decodes greedily (temperature 0)."""
+        return self.temperature == 0.0
+
+    @property
+    def filtered(self) -> bool:
+        """Whether top-k, top-p or min-p change the sampling distribution."""
+        return not self.greedy and (
+            self.top_k is not None or self.top_p is not None or bool(self.min_p)
+        )
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _check_int(config: SamplingConfig, name: str, *, low: int) -> None:
+    value = getattr(config, name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"SamplingConfig: `{name}` must be an int >= {low}, got {value!r}.")

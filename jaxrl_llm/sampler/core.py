@@ -1,0 +1,304 @@
+"""The pure, jittable sampler: one prefill over the prompts, then a `lax.while_loop` decode.
+
+`sample_tokens(graphdef, state, prompt_tokens, prompt_mask, key, config=...)` is a pure function
+of traced arrays (model weights included) and a static `SamplingConfig`, so it compiles once
+per (model architecture, config, prompt shape) and runs unchanged inside another `jax.jit` or
+`lax.scan` (a fully compiled RL iteration). Updating the weights never recompiles it.
+
+Program:
+
+1. Prefill: the `B` left-padded prompts `[B, P]` run once through `Decoder.decode_hidden`
+   into a `P`-slot cache; only the last column is projected to logits (`[B, V]`).
+2. Group broadcast: the prompt cache (`B` rows of `P` slots) is repeated to the `N = B·G` rows and
+   padded to `P + T'` slots in one fused copy (`T'` = `T` rounded up to `steps_per_loop`).
+3. Decode: a `while_loop` that stops when every row is done (stop token or its own budget) or
+   after `T'` steps. Each iteration runs `steps_per_loop` steps (a fully unrolled `lax.scan`);
+   a step draws one token per row (`filters.draw_tokens`, by inverse-CDF sampling with the
+   uniform `row_uniforms(row_keys)[n, t]`, drawn with `fold_in(row_key[n], t)` before the
+   loop), records it, and feeds it through `Decoder.decode_hidden`. All rows
+   advance in lockstep (the cache has one shared length, so each write is one
+   `dynamic_update_slice`); finished rows write `pad_id` with attention mask 0, which is
+   never read back.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxrl_llm.models.cache import KVCache, positions_from_mask
+from jaxrl_llm.sampler.config import SamplingConfig
+from jaxrl_llm.sampler.filters import draw_tokens, row_uniforms
+from jaxrl_llm.sampler.rollout import Rollout
+from sharding import ACTIVATION_AXIS_RULES, logical_to_spec
+
+Array = jax.Array
+
+
+class _DecodeState(NamedTuple):
+    step: Array  # [] int32, the completion index written next
+    logits: Array  # [N, V] float32, next-token logits
+    cache: KVCache  # k [L, N, K, P + T', Hd], v [L, N, K, Hd, P + T']; lengths []
+    done: Array  # [N] bool
+    lengths: Array  # [N] int32, completion tokens written per row
+    tokens: Array  # [N, T'] int32
+    logprobs: Array  # [N, T'] float32
+    sampling_logprobs: Array  # [N, T'] float32
+
+
+def _row_keys(key: Any, n: int) -> Array:
+    """`[N]` typed keys: one key split into N, or N keys (typed, or raw uint32 `[N, 2]`)."""
+    key = jnp.asarray(key) if not isinstance(key, jax.Array) else key
+    if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        if key.dtype != jnp.uint32:
+            raise ValueError(
+                f"sample_tokens: `key` must be a PRNG key (jax.random.key) or raw uint32 key "
+                f"data, got dtype {key.dtype}."
+            )
+        key = jax.random.wrap_key_data(key)
+    if key.shape == ():
+        return jax.random.split(key, n)
+    if key.shape == (n,):
+        return key
+    raise ValueError(
+        f"sample_tokens: `key` must be one key or {n} per-row keys (N = prompts × num_samples), "
+        f"got key shape {key.shape}."
+    )
+
+
+def _row_budgets(max_new_tokens: Any, n: int, budget: int) -> Array:
+    if max_new_tokens is None:
+        return jnp.full((n,), budget, jnp.int32)
+    per_row = jnp.asarray(max_new_tokens)
+    if per_row.shape != (n,) or not jnp.issubdtype(per_row.dtype, jnp.integer):
+        raise ValueError(
+            f"sample_tokens: `max_new_tokens` must be None or an integer array [{n}] (one budget "
+            f"per row), got {per_row.dtype}{per_row.shape}."
+        )
+    return jnp.clip(per_row.astype(jnp.int32), 0, budget)
+
+
+def _check_prompts(prompt_tokens: Any, prompt_mask: Any) -> tuple[Array, Array]:
+    tokens, mask = jnp.asarray(prompt_tokens), jnp.asarray(prompt_mask)
+    if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
+        raise ValueError(
+            f"sample_tokens: `prompt_tokens` must be an integer array [B, P], got "
+            f"{tokens.dtype}{tokens.shape}."
+        )
+    if mask.shape != tokens.shape:
+        raise ValueError(
+            f"sample_tokens: `prompt_mask` must have the prompts' shape {tokens.shape}, "
+            f"got {mask.shape}."
+        )
+    return tokens.astype(jnp.int32), mask.astype(bool)
+
+
+def broadcast_cache(cache: KVCache, num_samples: int, max_len: int) -> KVCache:
+    """Repeat each row of a prefilled cache `num_samples` times and pad it to `max_len` slots.
+
+    Rows come out prompt-major (`b·G + g`); new slots are empty (`positions = -1`). XLA fuses the
+    repeat and the pad into one write of each buffer.
+
+    Examples:
+      >>> from jaxrl_llm.models import ModelConfig
+      >>> cfg = ModelConfig(family="llama", vocab_size=11, hidden_size=8, intermediate_size=16,
+      ...                   num_layers=2, num_heads=2, num_kv_heads=1, head_dim=4)
+      >>> cache = KVCache.init(cfg, batch=2, max_len=3, shared_length=True)
+      >>> out = broadcast_cache(cache, 4, 7)
+      >>> out.k.shape, out.positions.shape, out.lengths.shape
+      ((2, 8, 1, 7, 4), (8, 7), ())
+    """
+    extra = max_len - cache.max_len
+    if extra < 0:
+        raise ValueError(f"broadcast_cache: max_len={max_len} < the cache's {cache.max_len} slots.")
+
+    def grow(x: Array, slot_axis: int, fill: Any) -> Array:
+        row_axis = 1 if x.ndim == 5 else 0  # k, v: [L, N, ...]; positions: [N, T]
+        x = jnp.repeat(x, num_samples, axis=row_axis)
+        pad = [(0, 0)] * x.ndim
+        pad[slot_axis] = (0, extra)
+        return jnp.pad(x, pad, constant_values=fill)
+
+    axes = cache.logical_axes()
+    lengths = cache.lengths if cache.lengths.ndim == 0 else jnp.repeat(cache.lengths, num_samples)
+    return KVCache(
+        k=grow(cache.k, axes.k.index("cache_seq"), 0),
+        v=grow(cache.v, axes.v.index("cache_seq"), 0),
+        positions=grow(cache.positions, 1, -1),
+        lengths=lengths,
+    )
+
+
+def shard_cache_rows(cache: KVCache) -> KVCache:
+    """Lay a cache out by its logical axes on the current mesh (a no-op without one).
+
+    Each field follows `KVCache.logical_axes()`: rows over `batch` (the `data` and `fsdp`
+    axes) and KV heads over `tensor` under
+    `sharding.ACTIVATION_AXIS_RULES`. A freshly allocated buffer has no sharding of its own;
+    this pins it so that the prompt's keys and values are written in place (explicit mesh axes
+    require it, automatic ones are spared a guess).
+
+    Examples:
+      >>> from jaxrl_llm.models import ModelConfig
+      >>> cfg = ModelConfig(family="llama", vocab_size=11, hidden_size=8, intermediate_size=16,
+      ...                   num_layers=2, num_heads=2, num_kv_heads=1, head_dim=4)
+      >>> shard_cache_rows(KVCache.init(cfg, batch=2, max_len=3)).k.shape  # no mesh: unchanged
+      (2, 2, 1, 3, 4)
+    """
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return cache
+    explicit = all(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types)
+
+    def put(x: Array, names: tuple[str, ...]) -> Array:
+        if not names:  # a shared scalar length
+            return x
+        spec = logical_to_spec(names, ACTIVATION_AXIS_RULES, mesh, shape=x.shape)
+        if explicit:
+            return jax.sharding.reshard(x, spec)
+        return jax.lax.with_sharding_constraint(x, spec)
+
+    return KVCache(*(put(x, names) for x, names in zip(cache, cache.logical_axes(), strict=True)))
+
+
+def _is_stop(tokens: Array, stop_tokens: tuple[int, ...]) -> Array:
+    if not stop_tokens:
+        return jnp.zeros(tokens.shape, bool)
+    return jnp.any(tokens[..., None] == jnp.asarray(stop_tokens, jnp.int32), axis=-1)
+
+
+def sample_tokens(
+    graphdef: nnx.GraphDef,
+    state: nnx.State,
+    prompt_tokens: Array,
+    prompt_mask: Array,
+    key: Array,
+    *,
+    config: SamplingConfig,
+    max_new_tokens: Array | None = None,
+) -> Rollout:
+    """Sample `G = config.num_samples` completions for each of `B` left-padded prompts.
+
+    Pure and jittable: `graphdef` and `config` are static, everything else is traced (weights
+    included). Row `n = b·G + g` draws completion token `t` with the uniform of
+    `fold_in(row_key[n], t)`, so its tokens depend only on its key, its prompt and the
+    weights: a group run equals `G` single-prompt runs with the same row keys.
+
+    Args:
+      graphdef: the `nnx.split` graph of a `Decoder`.
+      state: the matching `nnx.State` (traced: new weights do not recompile).
+      prompt_tokens: `[B, P]` int, left-padded (every prompt ends in column `P - 1`).
+      prompt_mask: `[B, P]` bool/int, 1 on real prompt tokens; every row needs at least one.
+      key: one PRNG key (split into `N = B·G` row keys) or `[N]` per-row keys.
+      config: the static `SamplingConfig` (budget `T`, filters, `G`, stop tokens, loop shape).
+      max_new_tokens: optional `[N]` int per-row budgets, clipped to `[0, T]`.
+
+    Returns:
+      A `Rollout` with `tokens [N, P + T]`, `completion_* [N, T]`, float32 log-probs,
+      `lengths [N]` and `truncated [N]`.
+
+    Examples:
+      >>> from jaxrl_llm.models import Decoder, ModelConfig
+      >>> cfg = ModelConfig(family="qwen3", vocab_size=11, hidden_size=8, intermediate_size=16,
+      ...                   num_layers=1, num_heads=2, num_kv_heads=1, head_dim=4)
+      >>> graphdef, state = nnx.split(Decoder(cfg, rngs=nnx.Rngs(0)))
+      >>> config = SamplingConfig(max_new_tokens=5, num_samples=3, stop_tokens=(2,))
+      >>> prompts, mask = jnp.array([[0, 4, 5], [6, 7, 8]]), jnp.array([[0, 1, 1], [1, 1, 1]])
+      >>> rollout = jax.jit(sample_tokens, static_argnames=("graphdef", "config"))(
+      ...     graphdef, state, prompts, mask, jax.random.key(0), config=config)
+      >>> rollout.tokens.shape, rollout.completion_mask.shape, rollout.truncated.shape
+      ((6, 8), (6, 5), (6,))
+    """
+    tokens_in, mask = _check_prompts(prompt_tokens, prompt_mask)
+    model = nnx.merge(graphdef, state)
+    B, P = tokens_in.shape
+    G, T, U = config.num_samples, config.max_new_tokens, config.steps_per_loop
+    N, T_loop = B * G, -(-T // U) * U
+    row_keys = _row_keys(key, N)
+    uniforms = None if config.greedy else row_uniforms(row_keys, T_loop)  # [N, T'] in (0, 1]
+    budgets = _row_budgets(max_new_tokens, N, T)
+
+    cache = shard_cache_rows(model.init_cache(batch=B, max_len=P, shared_length=True))
+    hidden, cache = model.decode_hidden(
+        tokens_in,
+        positions_from_mask(mask),
+        cache,
+        attention_mask=mask,
+        layer_unroll=config.layer_unroll,
+    )
+    first_logits = model.logits(hidden[:, -1])  # [B, V] float32
+    prompt_lengths = jnp.repeat(jnp.sum(mask, axis=1, dtype=jnp.int32), G)  # [N]
+
+    def one_step(s: _DecodeState, _: None) -> tuple[_DecodeState, None]:
+        u = None if uniforms is None else jax.lax.dynamic_index_in_dim(uniforms, s.step, 1, False)
+        draw = draw_tokens(
+            s.logits,
+            u,
+            temperature=config.temperature,
+            top_k=config.top_k,
+            top_p=config.top_p,
+            min_p=config.min_p,
+        )
+        active = ~s.done
+        token = jnp.where(active, draw.tokens, config.pad_id)
+        lengths = s.lengths + active.astype(jnp.int32)
+        done = s.done | (active & _is_stop(token, config.stop_tokens)) | (lengths >= budgets)
+        hidden, cache = model.decode_hidden(
+            token[:, None],
+            (prompt_lengths + s.step)[:, None],
+            s.cache,
+            attention_mask=active[:, None],
+            layer_unroll=config.layer_unroll,
+        )
+
+        def record(buffer: Array, values: Array) -> Array:
+            return jax.lax.dynamic_update_slice(buffer, values[:, None], (0, s.step))
+
+        return _DecodeState(
+            step=s.step + 1,
+            logits=model.logits(hidden[:, 0]),
+            cache=cache,
+            done=done,
+            lengths=lengths,
+            tokens=record(s.tokens, token),
+            logprobs=record(s.logprobs, jnp.where(active, draw.logprobs, 0.0)),
+            sampling_logprobs=record(
+                s.sampling_logprobs, jnp.where(active, draw.sampling_logprobs, 0.0)
+            ),
+        ), None
+
+    def cond(s: _DecodeState) -> Array:
+        return (s.step < T_loop) & ~jnp.all(s.done)
+
+    def body(s: _DecodeState) -> _DecodeState:
+        return jax.lax.scan(one_step, s, None, length=U, unroll=True)[0]
+
+    start = _DecodeState(
+        step=jnp.zeros((), jnp.int32),
+        logits=jnp.repeat(first_logits, G, axis=0),
+        cache=shard_cache_rows(broadcast_cache(cache, G, P + T_loop)),
+        done=budgets <= 0,
+        lengths=jnp.zeros((N,), jnp.int32),
+        tokens=jnp.full((N, T_loop), config.pad_id, jnp.int32),
+        logprobs=jnp.zeros((N, T_loop), jnp.float32),
+        sampling_logprobs=jnp.zeros((N, T_loop), jnp.float32),
+    )
+    final = jax.lax.while_loop(cond, body, start)
+
+    completion = final.tokens[:, :T]
+    completion_mask = jnp.arange(T)[None, :] < final.lengths[:, None]
+    last = jnp.take_along_axis(completion, jnp.maximum(final.lengths - 1, 0)[:, None], axis=1)
+    stopped = (final.lengths > 0) & _is_stop(last[:, 0], config.stop_tokens)
+    return Rollout(
+        tokens=jnp.concatenate([jnp.repeat(tokens_in, G, axis=0), completion], axis=1),
+        prompt_mask=jnp.repeat(mask, G, axis=0),
+        completion_tokens=completion,
+        completion_mask=completion_mask,
+        logprobs=final.logprobs[:, :T],
+        sampling_logprobs=final.sampling_logprobs[:, :T],
+        lengths=final.lengths,
+        truncated=~stopped,
+    )

@@ -1,0 +1,98 @@
+"""`jaxrl-llm sample` and `sample_texts` on a tiny checkpoint with the byte tokenizer."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from jaxrl_llm.cli import main
+from jaxrl_llm.models import from_pretrained, save_pretrained
+from jaxrl_llm.sampler import generate
+from jaxrl_llm.sampler.text import sample_texts
+from jaxrl_llm.tokenizer import ByteTokenizer
+from tests.sampler.helpers import tiny_model
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    path = tmp_path_factory.mktemp("byte_lm")
+    save_pretrained(tiny_model(vocab=259, seed=3, layers=1, std=0.3), path)
+    return str(path)
+
+
+def test_sample_command_prints_each_completion_and_is_seeded(checkpoint, capsys):
+    argv = [
+        "sample",
+        checkpoint,
+        "--tokenizer",
+        "byte",
+        "--prompt",
+        "hi",
+        "--prompt",
+        "abc",
+        "--max-new-tokens",
+        "6",
+        "--num-samples",
+        "2",
+        "--seed",
+        "1",
+        "--top-k",
+        "50",
+    ]
+    assert main(argv) == 0
+    first = capsys.readouterr().out
+    headers = [line for line in first.splitlines() if line.startswith("[prompt ")]
+    assert headers[0].startswith("[prompt 0 sample 0]")
+    assert len(headers) == 4 and headers[3].startswith("[prompt 1 sample 1]")
+    assert main(argv) == 0
+    assert capsys.readouterr().out == first
+
+
+def test_greedy_text_is_the_decoded_greedy_rollout(checkpoint, capsys):
+    tok = ByteTokenizer()
+    model = from_pretrained(checkpoint)
+    [sample] = sample_texts(
+        model, tok, ["hello"], key=jax.random.key(0), max_new_tokens=7, temperature=0.0
+    )
+    rollout = generate(
+        model,
+        [tok.encode("hello")],
+        max_new_tokens=7,
+        key=jax.random.key(0),
+        temperature=0.0,
+        stop_tokens=[tok.eos_id],
+        pad_id=tok.pad_id,
+    )
+    ids = np.asarray(rollout.completion_tokens[0, : int(rollout.lengths[0])]).tolist()
+    if not bool(rollout.truncated[0]):
+        ids = ids[:-1]
+    assert sample.text == tok.decode(ids) and sample.num_tokens == int(rollout.lengths[0])
+    lp = float(np.asarray(rollout.logprobs[0], np.float64)[: sample.num_tokens].sum())
+    assert sample.logprob == pytest.approx(lp, abs=1e-6)
+    argv = [
+        "sample",
+        checkpoint,
+        "--tokenizer",
+        "byte",
+        "--prompt",
+        "hello",
+        "--max-new-tokens",
+        "7",
+        "--temperature",
+        "0",
+    ]
+    assert main(argv) == 0
+    header, text = capsys.readouterr().out.split("\n", 1)  # the text may hold newlines itself
+    assert header.startswith("[prompt 0 sample 0]") and text == sample.text + "\n"
+
+
+def test_sample_command_reports_bad_input_with_exit_status_2(checkpoint, tmp_path, capsys):
+    assert main(["sample", str(tmp_path), "--tokenizer", "byte", "--prompt", "x"]) == 2
+    assert "jaxrl-llm sample:" in capsys.readouterr().err
+    assert (
+        main(["sample", checkpoint, "--tokenizer", "byte", "--prompt", "x", "--dtype", "int8"]) == 2
+    )
+    assert "--dtype must be one of" in capsys.readouterr().err
+    assert main(["sample", checkpoint, "--tokenizer", "byte", "--prompt", "x", "--top-p", "2"]) == 2
+    assert "`top_p` must be in (0, 1]" in capsys.readouterr().err

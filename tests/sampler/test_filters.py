@@ -1,0 +1,93 @@
+"""Filters and the per-step draw against float64 NumPy references and exact distributions."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxrl_llm.sampler import draw_tokens, filter_logits, row_uniforms
+from tests.sampler.helpers import reference_distribution
+
+V = 11
+SETTINGS = [
+    dict(temperature=1.0),
+    dict(temperature=0.6),
+    dict(temperature=1.3, top_k=4),
+    dict(temperature=1.0, top_p=0.7),
+    dict(temperature=0.8, min_p=0.15),
+    dict(temperature=1.0, top_k=6, top_p=0.8, min_p=0.05),
+]
+
+
+def _logits(rows: int, seed: int = 0) -> np.ndarray:
+    return (1.5 * np.random.default_rng(seed).normal(size=(rows, V))).astype(np.float32)
+
+
+@pytest.mark.parametrize("setting", SETTINGS, ids=str)
+def test_filter_keeps_exactly_the_reference_support(setting):
+    z = _logits(17, seed=1)
+    temperature = setting["temperature"]
+    filters = {k: v for k, v in setting.items() if k != "temperature"}
+    kept = np.isfinite(np.asarray(filter_logits(jnp.asarray(z / temperature), **filters)))
+    want = reference_distribution(z, **setting) > 0
+    np.testing.assert_array_equal(kept, want)
+
+
+def test_filter_no_ops_and_bad_rank():
+    z = jnp.asarray(_logits(3))
+    for kw in (dict(top_k=V), dict(top_k=V + 5), dict(top_p=1.0), dict(min_p=0.0), {}):
+        np.testing.assert_array_equal(np.asarray(filter_logits(z, **kw)), np.asarray(z))
+    one = np.asarray(filter_logits(z, top_k=1))
+    assert (np.isfinite(one).sum(axis=1) == 1).all()
+    with pytest.raises(ValueError, match=r"`scaled` must be \[N, V\]"):
+        filter_logits(z[0])
+
+
+@pytest.mark.parametrize("setting", SETTINGS, ids=str)
+def test_draw_matches_the_exact_distribution_and_logprobs(setting):
+    """40k draws of one row: frequencies within 5 standard errors; log-probs exact."""
+    n = 40_000
+    z = _logits(1, seed=2)
+    probs = reference_distribution(z, **setting)[0]
+    keys = jax.random.split(jax.random.key(3), n)
+    uniforms = row_uniforms(keys, 1)[:, 0]
+    draw = draw_tokens(jnp.broadcast_to(jnp.asarray(z), (n, V)), uniforms, **setting)
+    tokens = np.asarray(draw.tokens)
+    freq = np.bincount(tokens, minlength=V) / n
+    assert (freq[probs == 0] == 0).all(), (freq, probs)
+    np.testing.assert_array_less(np.abs(freq - probs), 5 * np.sqrt(probs * (1 - probs) / n) + 1e-9)
+
+    z64 = z[0].astype(np.float64) / setting["temperature"]
+    policy = z64 - np.log(np.exp(z64 - z64.max()).sum()) - z64.max()
+    np.testing.assert_allclose(np.asarray(draw.logprobs), policy[tokens], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(draw.sampling_logprobs), np.log(probs[tokens]), rtol=1e-5, atol=1e-6
+    )
+
+
+def test_greedy_draw_is_the_argmax_and_reports_temperature_one_logprobs():
+    z = _logits(9, seed=4)
+    draw = draw_tokens(jnp.asarray(z), None, temperature=0.0)
+    np.testing.assert_array_equal(np.asarray(draw.tokens), z.argmax(axis=1))
+    z64 = z.astype(np.float64)
+    lse = np.log(np.exp(z64).sum(axis=1))
+    np.testing.assert_allclose(np.asarray(draw.logprobs), z64.max(axis=1) - lse, rtol=1e-5)
+    np.testing.assert_array_equal(np.asarray(draw.sampling_logprobs), 0.0)
+
+
+def test_inverse_cdf_edges_pick_the_first_and_last_kept_tokens():
+    z = jnp.log(jnp.array([[0.25, 0.0, 0.25, 0.5, 0.0]], jnp.float32))  # log 0 = -inf
+    tiny, one = np.float32(1e-7), np.float32(1.0)
+    tokens = [int(draw_tokens(z, jnp.array([u]), temperature=1.0).tokens[0]) for u in (tiny, one)]
+    assert tokens == [0, 3]  # zero-probability tokens 1 and 4 are never chosen
+    assert int(draw_tokens(z, jnp.array([np.float32(0.26)]), temperature=1.0).tokens[0]) == 2
+
+
+def test_row_uniforms_are_in_unit_interval_and_depend_only_on_row_key_and_step():
+    keys = jax.random.split(jax.random.key(0), 4)
+    u = np.asarray(row_uniforms(keys, 6))
+    assert u.shape == (4, 6) and (u > 0).all() and (u <= 1).all()
+    np.testing.assert_array_equal(np.asarray(row_uniforms(keys[2:3], 9))[0, :6], u[2])
+    assert len(np.unique(u)) == u.size

@@ -1,0 +1,117 @@
+"""The compiled update step: optimizer, train state, algorithms and objectives.
+
+* `optim` — `OptimConfig` → one optax transformation (clipping, optimizer, schedule, decay mask,
+  `MultiSteps` accumulation).
+* `params` — split models once into graphs, trainable and frozen parameters.
+* `state` — the `TrainState` pytree.
+* `batch` — `RLBatch`, `SequenceBatch`, global `Normalizers`.
+* `logprobs` — chunked completion log-probs / entropies / values and their jitted forwards.
+* `algorithms` — `AlgorithmConfig`, named `PRESETS`, and the composed RL loss.
+* `advantages` — rewards → advantages, returns and the kept-groups mask; `build_rl_batch`.
+* `objectives` — what the step differentiates: `rl_objective`, `sft_objective`.
+* `update` — the pure `update_step` (epochs × minibatches × accumulation in `lax.scan`),
+  `loss_and_grads`, `make_update_step`.
+* `shardings` — state and batch shardings for a mesh.
+* `metrics` — sums-and-counts reduction of metrics over micro-batches.
+"""
+
+from jaxrl_llm.train.advantages import Advantages, build_rl_batch, compute_advantages
+from jaxrl_llm.train.algorithms import (
+    PRESETS,
+    AdvantageConfig,
+    AlgorithmConfig,
+    CriticConfig,
+    KLConfig,
+    PolicyLossConfig,
+    RolloutCorrectionConfig,
+    kl_controller,
+    preset,
+    rl_loss,
+)
+from jaxrl_llm.train.batch import (
+    Normalizers,
+    RLBatch,
+    SequenceBatch,
+    check_rl_batch,
+    check_sequence_batch,
+    count_normalizers,
+    prompt_length,
+)
+from jaxrl_llm.train.logprobs import (
+    chunked_logprobs,
+    completion_hidden,
+    completion_logprobs,
+    critic_values,
+    make_logprob_fn,
+    make_value_fn,
+)
+from jaxrl_llm.train.metrics import MicroStats, micro_batch_stats, reduce_stats
+from jaxrl_llm.train.objectives import Objective, SFTConfig, rl_objective, sft_objective
+from jaxrl_llm.train.optim import (
+    OPTIMIZERS,
+    OptimConfig,
+    has_learning_rate,
+    learning_rate,
+    make_optimizer,
+    make_schedule,
+    weight_decay_mask,
+)
+from jaxrl_llm.train.params import ModelGraphs, param_path, reference_params, split_models
+from jaxrl_llm.train.shardings import batch_sharding, param_shardings, train_state_shardings
+from jaxrl_llm.train.state import TrainState, init_train_state
+from jaxrl_llm.train.update import loss_and_grads, make_update_step, update_step
+
+__all__ = [
+    "OPTIMIZERS",
+    "PRESETS",
+    "AdvantageConfig",
+    "Advantages",
+    "AlgorithmConfig",
+    "CriticConfig",
+    "KLConfig",
+    "MicroStats",
+    "ModelGraphs",
+    "Normalizers",
+    "Objective",
+    "OptimConfig",
+    "PolicyLossConfig",
+    "RLBatch",
+    "RolloutCorrectionConfig",
+    "SFTConfig",
+    "SequenceBatch",
+    "TrainState",
+    "batch_sharding",
+    "build_rl_batch",
+    "check_rl_batch",
+    "check_sequence_batch",
+    "chunked_logprobs",
+    "completion_hidden",
+    "completion_logprobs",
+    "compute_advantages",
+    "count_normalizers",
+    "critic_values",
+    "has_learning_rate",
+    "init_train_state",
+    "kl_controller",
+    "learning_rate",
+    "loss_and_grads",
+    "make_logprob_fn",
+    "make_optimizer",
+    "make_schedule",
+    "make_update_step",
+    "make_value_fn",
+    "micro_batch_stats",
+    "param_path",
+    "param_shardings",
+    "preset",
+    "prompt_length",
+    "reduce_stats",
+    "reference_params",
+    "rl_loss",
+    "rl_objective",
+    "sft_objective",
+    "split_models",
+    "train_state_shardings",
+    "update_step",
+    "weight_decay_mask",
+]

@@ -1,0 +1,106 @@
+"""Shardings of the train state and the update batches, from the models' logical axis names.
+
+* Parameters (trainable and frozen): each `nnx.Variable`'s logical axes (`out_sharding`
+  metadata) through `sharding.logical_to_sharding` and `LOGICAL_AXIS_RULES` (weights stored
+  FSDP / tensor-parallel). Leaves without logical axes are replicated.
+* Optimizer state: every copy of the parameter tree inside it (Adam's moments, MultiSteps'
+  accumulator) gets the parameters' shardings (`optax.tree.map_params`); counters, the learning
+  rate and other scalars are replicated.
+* Step, PRNG key and KL controller state: replicated.
+* Batches: split along `N` over the mesh axes of the logical `batch` axis of
+  `ACTIVATION_AXIS_RULES` (`data` × `fsdp`), other axes whole.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from sharding import ACTIVATION_AXIS_RULES, LOGICAL_AXIS_RULES, logical_to_sharding, logical_to_spec
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+    """Sharding of every batch leaf: the leading `N` axis over the logical `batch` axis.
+
+    Examples:
+      >>> from sharding import MeshConfig, make_mesh
+      >>> tuple(batch_sharding(make_mesh(MeshConfig(), devices=jax.devices()[:1])).spec)
+      (('data', 'fsdp'),)
+    """
+    return NamedSharding(mesh, logical_to_spec(("batch",), ACTIVATION_AXIS_RULES, mesh))
+
+
+def _is_variable(x: Any) -> bool:
+    return isinstance(x, nnx.Variable)
+
+
+def param_shardings(params: Any, mesh: Mesh) -> Any:
+    """A tree of the structure of `params` whose leaves are the parameters' `NamedSharding`s.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from sharding import MeshConfig, make_mesh
+      >>> mesh = make_mesh(MeshConfig(), devices=jax.devices()[:1])
+      >>> w = nnx.Param(jnp.ones((4, 2)), out_sharding=("embed", "mlp"), eager_sharding=False)
+      >>> s = param_shardings({"w": w, "b": jnp.ones(2)}, mesh)
+      >>> tuple(s["w"].get_value().spec), tuple(s["b"].spec)
+      (('fsdp', 'tensor'), ())
+    """
+    replicated = NamedSharding(mesh, PartitionSpec())
+
+    def one(x: Any) -> Any:
+        if not _is_variable(x):
+            return replicated
+        names = x.get_metadata().get("out_sharding")
+        if names is None:
+            return x.replace(replicated)
+        shape = x.get_value().shape
+        return x.replace(logical_to_sharding(names, mesh, rules=LOGICAL_AXIS_RULES, shape=shape))
+
+    return jax.tree.map(one, params, is_leaf=_is_variable)
+
+
+def train_state_shardings(state: Any, mesh: Mesh, optimizer: optax.GradientTransformation) -> Any:
+    """The `TrainState` of shardings for `make_update_step(..., mesh=, state_shardings=)`.
+
+    Args:
+      state: a `TrainState` (concrete or abstract: only shapes and metadata are read).
+      mesh: the device mesh.
+      optimizer: the optimizer whose state `state.opt_state` is.
+
+    Returns:
+      A `TrainState` whose leaves are `NamedSharding`s.
+
+    Examples:
+      >>> import jax.numpy as jnp, optax
+      >>> from sharding import MeshConfig, make_mesh
+      >>> from jaxrl_llm.train.state import init_train_state
+      >>> mesh = make_mesh(MeshConfig(), devices=jax.devices()[:1])
+      >>> w = nnx.Param(jnp.ones((4, 2)), out_sharding=("embed", "mlp"), eager_sharding=False)
+      >>> s = init_train_state({"policy": {"w": w}}, {}, optax.adam(1e-3), key=jax.random.key(0))
+      >>> sh = train_state_shardings(s, mesh, optax.adam(1e-3))
+      >>> tuple(sh.opt_state[0].mu["policy"]["w"].get_value().spec), tuple(sh.step.spec)
+      (('fsdp', 'tensor'), ())
+    """
+    replicated = NamedSharding(mesh, PartitionSpec())
+    params = param_shardings(state.params, mesh)
+    opt_state = optax.tree.map_params(
+        optimizer,
+        lambda _, sharding: sharding,
+        state.opt_state,
+        params,
+        transform_non_params=lambda _: replicated,
+        is_leaf=lambda x: isinstance(x, NamedSharding),
+    )
+    return state._replace(
+        step=replicated,
+        params=params,
+        frozen=param_shardings(state.frozen, mesh),
+        opt_state=opt_state,
+        key=replicated,
+        kl=jax.tree.map(lambda _: replicated, state.kl),
+    )

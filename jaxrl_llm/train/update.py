@@ -1,0 +1,336 @@
+"""The pure update step: epochs × minibatches × accumulation over one batch, in one `lax.scan`.
+
+    update_step(state, batch) -> (state, metrics)
+
+For each of `epochs` passes the rows are (optionally) shuffled and split into `M = minibatches`
+minibatches of `k = optim.accumulation_steps` micro-batches each: minibatch `m` holds rows
+`m, m + M, m + 2M, …` of the (shuffled) batch and its micro-batch `i` every `k`-th of those, so
+the minibatches do not depend on `k` and a batch sharded along `N` stays evenly sharded. A scan
+over the micro-batches computes each one's gradient (`loss_and_grads`) and feeds it to the
+optimizer; with `k > 1` that optimizer is an `optax.MultiSteps`, which applies one
+update per `k` micro-batches with their mean gradient. Each micro-batch's loss uses the *global*
+token/sequence counts of its optimizer update and is scaled by `k` before differentiation, so
+the applied gradient is exactly the gradient of the whole minibatch's loss (ALGORITHMS.md §0.7).
+`old_logp` stays the batch's (computed before the step), so PPO's ratio in the first micro-batch
+of the first epoch is 1.
+
+After the scan the KL controller (if any) updates β from the batch's KL (`kl/seq_k1`, the k1
+KL between the old and the reference policy, ALGORITHMS.md §3.5, `n_steps = N`).
+
+`make_update_step` compiles it with `jax.jit(donate_argnums=0)` and, with a mesh, explicit
+`in_shardings`/`out_shardings` (`jaxrl_llm.train.shardings`).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+import losses
+from jaxrl_llm.train.batch import Normalizers
+from jaxrl_llm.train.metrics import micro_batch_stats, reduce_stats
+from jaxrl_llm.train.objectives import Objective
+from jaxrl_llm.train.optim import has_learning_rate, learning_rate
+from jaxrl_llm.train.shardings import batch_sharding
+from jaxrl_llm.train.state import TrainState
+
+GradFn = Callable[..., tuple[Any, jax.Array, dict[str, jax.Array]]]
+
+
+def loss_and_grads(
+    objective: Objective,
+    params: Any,
+    frozen: Any,
+    batch: Any,
+    norms: Normalizers,
+    kl_coef: Any,
+) -> tuple[Any, jax.Array, dict[str, jax.Array]]:
+    """Gradient of `norms.grad_scale · loss` w.r.t. the trainable `params` (no optimizer).
+
+    Pure and separable from the optimizer so that a data-parallel wrapper (`shard_map` with a
+    `pmean` of the gradients, `grad_scale = D`) can reuse it unchanged.
+
+    Args:
+      objective: the `Objective`.
+      params: trainable parameters.
+      frozen: frozen parameters (not differentiated).
+      batch: one micro-batch.
+      norms: the global normalisers of its optimizer update.
+      kl_coef: β of the KL loss.
+
+    Returns:
+      `(grads, loss, metrics)`; `loss` is the unscaled micro-batch loss.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from jaxrl_llm.train.batch import count_normalizers
+      >>> obj = Objective(loss=lambda p, f, b, n, k: (jnp.sum(p["w"] * b) / n.num_tokens, {}),
+      ...                 normalizers=None, check=None)
+      >>> norms = count_normalizers(jnp.ones((1, 2)))._replace(grad_scale=jnp.array(2.0))
+      >>> g, loss, _ = loss_and_grads(obj, {"w": jnp.ones(2)}, {}, jnp.array([1.0, 3.0]), norms, 0.0)
+      >>> g["w"].tolist(), float(loss)
+      ([1.0, 3.0], 2.0)
+    """
+
+    def scaled(p: Any) -> tuple[jax.Array, tuple[jax.Array, dict]]:
+        loss, metrics = objective.loss(p, frozen, batch, norms, kl_coef)
+        return loss * norms.grad_scale, (loss, metrics)
+
+    grads, (loss, metrics) = jax.grad(scaled, has_aux=True)(params)
+    return grads, loss, metrics
+
+
+def _micro_batches(batch: Any, rows: jax.Array | None, minibatches: int, k: int) -> Any:
+    """`[N, ...]` leaves → `[M·k, N/(M·k), ...]`, ordered minibatch-major.
+
+    Minibatch `m` holds rows `m, m + M, m + 2M, …` whatever `k` is (so accumulation never
+    changes which rows share an update); its micro-batch `i` holds every `k`-th of those,
+    starting at the `i`-th: rows `m + M·(i + k·r)`.
+    """
+
+    def split(x: jax.Array) -> jax.Array:
+        if rows is not None:
+            x = x[rows]
+        n = x.shape[0] // (minibatches * k)
+        x = x.reshape(n, k, minibatches, *x.shape[1:])  # [r, i, m] = row m + M·(i + k·r)
+        x = jnp.moveaxis(x, 0, 2)  # [k, M, n, ...]
+        x = jnp.swapaxes(x, 0, 1)  # [M, k, n, ...]
+        return x.reshape(minibatches * k, n, *x.shape[3:])
+
+    return jax.tree.map(split, batch)
+
+
+def _update_norms(counts: Normalizers, minibatches: int, k: int) -> Normalizers:
+    """Each micro-batch gets the summed counts of the `k` micro-batches of its optimizer update."""
+
+    def group_total(x: jax.Array) -> jax.Array:
+        return jnp.repeat(jnp.sum(x.reshape(minibatches, k), axis=1), k)
+
+    return Normalizers(
+        num_tokens=group_total(counts.num_tokens),
+        num_seqs=group_total(counts.num_seqs),
+        grad_scale=jnp.full((minibatches * k,), float(k), jnp.float32),
+    )
+
+
+def _applied_grad_norm(grads: Any, opt_state: Any, k: int) -> tuple[jax.Array, jax.Array]:
+    """Norm of the gradient the optimizer applies at this micro-step, and whether it applies one.
+
+    With `optax.MultiSteps` the applied gradient is the running mean of the `k` micro-batch
+    gradients, completed at the `k`-th (its documented `acc_grads` / `mini_step` state).
+    """
+    if k == 1:
+        return optax.tree.norm(grads), jnp.ones((), jnp.float32)
+    i = opt_state.mini_step
+    mean = jax.tree.map(
+        lambda g, acc: acc + (g.astype(acc.dtype) - acc) / (i + 1).astype(acc.dtype),
+        grads,
+        opt_state.acc_grads,
+    )
+    return optax.tree.norm(mean), (i == k - 1).astype(jnp.float32)
+
+
+def update_step(
+    state: TrainState,
+    batch: Any,
+    *,
+    objective: Objective,
+    optimizer: optax.GradientTransformation,
+    epochs: int = 1,
+    minibatches: int = 1,
+    accumulation_steps: int = 1,
+    shuffle: bool = True,
+    kl_controller: losses.KLController | None = None,
+    grad_fn: GradFn | None = None,
+) -> tuple[TrainState, dict[str, jax.Array]]:
+    """One update on one batch: `epochs × minibatches` optimizer updates (module docstring).
+
+    Args:
+      state: the `TrainState`.
+      batch: a batch of the objective's type with `N` rows, `N` divisible by
+        `minibatches × accumulation_steps`.
+      objective: `rl_objective(...)` or `sft_objective(...)`.
+      optimizer: from `make_optimizer` (a `MultiSteps` when `accumulation_steps > 1`).
+      epochs: passes over the batch.
+      minibatches: optimizer updates per epoch.
+      accumulation_steps: micro-batches per optimizer update; must equal the optimizer's
+        `accumulation_steps`.
+      shuffle: reshuffle the rows every epoch (with `state.key`); only matters with
+        `minibatches > 1` (one minibatch sees all rows whatever their order).
+      kl_controller: updates `state.kl` after the step from the metric `kl/seq_k1` (None: β
+        stays as it is).
+      grad_fn: replaces `loss_and_grads` (same signature without `objective`), e.g. a
+        data-parallel wrapper.
+
+    Returns:
+      `(new_state, metrics)`: metrics are float32 scalars reduced over all micro-batches as
+      sums and counts (`jaxrl_llm.train.metrics`), plus `optim/learning_rate` (optimizers
+      from `make_optimizer`) and `kl/beta` (with a `kl_controller`).
+
+    Examples:
+      >>> import jax.numpy as jnp, optax
+      >>> from jaxrl_llm.train.batch import count_normalizers
+      >>> from jaxrl_llm.train.state import init_train_state
+      >>> def loss(p, f, b, n, k):
+      ...     l = jnp.sum((p["policy"]["w"] - b.completion_mask) ** 2) / n.num_tokens
+      ...     return l, {"loss/total": l}
+      >>> obj = Objective(loss, lambda b: count_normalizers(b.completion_mask), lambda b, n: None)
+      >>> from jaxrl_llm.train.batch import SequenceBatch
+      >>> b = SequenceBatch(jnp.zeros((4, 3), jnp.int32), jnp.ones((4, 3)), jnp.ones((4, 1)))
+      >>> s = init_train_state({"policy": {"w": jnp.zeros(1)}}, {}, optax.sgd(0.5),
+      ...                      key=jax.random.key(0))
+      >>> s, m = update_step(s, b, objective=obj, optimizer=optax.sgd(0.5))
+      >>> s.params["policy"]["w"].tolist(), int(s.step), round(float(m["loss/total"]), 3)
+      ([1.0], 1, 1.0)
+    """
+    where = "update_step"
+    for name, value in (
+        ("epochs", epochs),
+        ("minibatches", minibatches),
+        ("accumulation_steps", accumulation_steps),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{where}: `{name}` must be a positive int, got {value!r}.")
+    objective.check(batch, epochs * minibatches)
+    k = accumulation_steps
+    parts = minibatches * k
+    N = jax.tree.leaves(batch)[0].shape[0]
+    if N % parts:
+        raise ValueError(
+            f"{where}: the batch has N = {N} rows, not divisible into minibatches × "
+            f"accumulation_steps = {minibatches} × {k} = {parts} equal micro-batches."
+        )
+    if (k > 1) != isinstance(state.opt_state, optax.MultiStepsState):
+        raise ValueError(
+            f"{where}: accumulation_steps = {k} must match the optimizer (an optax.MultiSteps "
+            "state iff accumulation_steps > 1; build both from the same OptimConfig)."
+        )
+    grads_of = grad_fn or functools.partial(loss_and_grads, objective)
+    key, next_key = jax.random.split(state.key)
+    frozen, kl_coef = state.frozen, state.kl.beta
+
+    def micro_step(carry: tuple[Any, Any], xs: tuple[Any, Normalizers, Normalizers]) -> Any:
+        params, opt_state = carry
+        micro, norms, local = xs
+        grads, _, metrics = grads_of(params, frozen, micro, norms, kl_coef)
+        grad_norm, applied = _applied_grad_norm(grads, opt_state, k)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        metrics = {**metrics, "optim/grad_norm": grad_norm}
+        stats = micro_batch_stats(
+            metrics,
+            num_tokens=local.num_tokens,
+            num_seqs=local.num_seqs,
+            loss_weight=1.0 / k,
+            optim_weight=applied,
+        )
+        return (params, opt_state), stats
+
+    def epoch(carry: tuple[Any, Any], epoch_key: jax.Array) -> Any:
+        # with one minibatch the update does not depend on the row order: no permutation
+        rows = jax.random.permutation(epoch_key, N) if shuffle and minibatches > 1 else None
+        micro = _micro_batches(batch, rows, minibatches, k)
+        local = jax.vmap(objective.normalizers)(micro)
+        norms = _update_norms(local, minibatches, k)
+        return jax.lax.scan(micro_step, carry, (micro, norms, local))
+
+    (params, opt_state), stats = jax.lax.scan(
+        epoch, (state.params, state.opt_state), jax.random.split(key, epochs)
+    )
+    metrics = reduce_stats(stats)
+    kl = state.kl
+    if kl_controller is not None and "kl/seq_k1" in metrics:
+        kl = kl_controller.update(kl, metrics["kl/seq_k1"], N)
+    if has_learning_rate(opt_state):
+        metrics["optim/learning_rate"] = jnp.asarray(learning_rate(opt_state), jnp.float32)
+    if kl_controller is not None:
+        metrics["kl/beta"] = jnp.asarray(state.kl.beta, jnp.float32)  # the β of this step
+    new_state = TrainState(
+        step=state.step + 1,
+        params=params,
+        frozen=frozen,
+        opt_state=opt_state,
+        key=next_key,
+        kl=kl,
+    )
+    return new_state, metrics
+
+
+def make_update_step(
+    objective: Objective,
+    optimizer: optax.GradientTransformation,
+    *,
+    epochs: int = 1,
+    minibatches: int = 1,
+    accumulation_steps: int = 1,
+    shuffle: bool = True,
+    kl_controller: losses.KLController | None = None,
+    mesh: Mesh | None = None,
+    state_shardings: Any = None,
+) -> Callable[[TrainState, Any], tuple[TrainState, dict[str, jax.Array]]]:
+    """`update_step` compiled with `jax.jit`, the old state donated.
+
+    With a `mesh`, the step is jitted with `in_shardings=(state_shardings, batch sharding)`,
+    `out_shardings=(state_shardings, replicated metrics)` and runs under `jax.set_mesh(mesh)`;
+    the batch is split along `N` over the `data` and `fsdp` axes (`ACTIVATION_AXIS_RULES`).
+
+    Args:
+      objective, optimizer, epochs, minibatches, accumulation_steps, shuffle, kl_controller:
+        as for `update_step` (static: closed over).
+      mesh: optional device mesh.
+      state_shardings: the `TrainState` shardings (`train_state_shardings(state, mesh,
+        optimizer)`); required with a mesh.
+
+    Returns:
+      `step(state, batch) -> (state, metrics)`. The passed state is donated (invalid after the
+      call).
+
+    Examples:
+      >>> import jax.numpy as jnp, optax
+      >>> from jaxrl_llm.train.batch import SequenceBatch, count_normalizers
+      >>> from jaxrl_llm.train.state import init_train_state
+      >>> loss = lambda p, f, b, n, k: (jnp.sum(p["policy"]["w"] ** 2), {})
+      >>> obj = Objective(loss, lambda b: count_normalizers(b.completion_mask), lambda b, n: None)
+      >>> step = make_update_step(obj, optax.sgd(0.25))
+      >>> s = init_train_state({"policy": {"w": jnp.ones(1)}}, {}, optax.sgd(0.25), key=jax.random.key(0))
+      >>> b = SequenceBatch(jnp.zeros((2, 3), jnp.int32), jnp.ones((2, 3)), jnp.ones((2, 1)))
+      >>> s, _ = step(s, b)
+      >>> s.params["policy"]["w"].tolist()
+      [0.5]
+    """
+    fn = functools.partial(
+        update_step,
+        objective=objective,
+        optimizer=optimizer,
+        epochs=epochs,
+        minibatches=minibatches,
+        accumulation_steps=accumulation_steps,
+        shuffle=shuffle,
+        kl_controller=kl_controller,
+    )
+    if mesh is None:
+        return jax.jit(fn, donate_argnums=0)
+    if state_shardings is None:
+        raise ValueError(
+            "make_update_step: a `mesh` needs `state_shardings` (train_state_shardings(state, "
+            "mesh, optimizer))."
+        )
+    replicated = NamedSharding(mesh, PartitionSpec())
+    jitted = jax.jit(
+        fn,
+        in_shardings=(state_shardings, batch_sharding(mesh)),
+        out_shardings=(state_shardings, replicated),
+        donate_argnums=0,
+    )
+
+    def step(state: TrainState, batch: Any) -> tuple[TrainState, dict[str, jax.Array]]:
+        with jax.set_mesh(mesh):
+            return jitted(state, batch)
+
+    return step

@@ -1,0 +1,177 @@
+"""compute_advantages / build_rl_batch against float64 NumPy references of the formulas."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxrl_llm.train import (
+    AdvantageConfig,
+    AlgorithmConfig,
+    KLConfig,
+    build_rl_batch,
+    compute_advantages,
+    preset,
+)
+
+B, G, T = 3, 4, 5
+N = B * G
+
+
+def _inputs(seed: int = 0):
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, T + 1, N)
+    lengths[0] = T
+    mask = (np.arange(T)[None, :] < lengths[:, None]).astype(np.float64)
+    rewards = rng.integers(0, 3, N).astype(np.float64) / 2
+    rewards[G : 2 * G] = 0.5  # one zero-variance group
+    old = -rng.uniform(0.1, 2.0, (N, T))
+    ref = -rng.uniform(0.1, 2.0, (N, T))
+    values = rng.normal(size=(N, T))
+    return mask, rewards, old, ref, values
+
+
+def _f32(x):
+    return jnp.asarray(x, jnp.float32)
+
+
+def _whiten(x, m):
+    mu = (x * m).sum() / m.sum()
+    var = (((x - mu) * m) ** 2).sum() / (m.sum() - 1)
+    return (x - mu) / np.sqrt(var + 1e-8) * m
+
+
+def test_grpo_group_normalised_advantages():
+    mask, s, *_ = _inputs()
+    out = compute_advantages(preset("grpo"), _f32(s), _f32(mask), group_size=G)
+    g = s.reshape(B, G)
+    a = (g - g.mean(1, keepdims=True)) / (g.std(1, ddof=1, keepdims=True) + 1e-6)
+    a[1] = 0.0  # zero-variance group: exactly 0
+    np.testing.assert_allclose(out.advantages, a.reshape(N, 1) * mask, rtol=1e-5, atol=1e-6)
+    assert out.keep.all() and out.returns is None
+
+
+def test_rloo_with_kl_in_the_sequence_reward():
+    mask, s, old, ref, _ = _inputs(1)
+    cfg = dataclasses.replace(preset("rloo"), kl=KLConfig(mode="reward", coef=0.05))
+    out = compute_advantages(
+        cfg, _f32(s), _f32(mask), group_size=G, old_logp=_f32(old), ref_logp=_f32(ref), kl_coef=0.05
+    )
+    scores = (s - 0.05 * ((old - ref) * mask).sum(1)).reshape(B, G)
+    a = G / (G - 1) * (scores - scores.mean(1, keepdims=True))
+    np.testing.assert_allclose(out.advantages, a.reshape(N, 1) * mask, rtol=1e-5, atol=1e-5)
+
+
+def _token_rewards(s, old, ref, mask, beta):
+    r = -beta * (old - ref) * mask
+    last = mask.sum(1).astype(int) - 1
+    r[np.arange(N), last] += s
+    return r
+
+
+def test_reinforce_pp_whitened_discounted_returns_with_kl_reward():
+    mask, s, old, ref, _ = _inputs(2)
+    beta, gamma = 0.1, 0.9
+    cfg = dataclasses.replace(
+        preset("reinforce_pp"),
+        advantage=AdvantageConfig(estimator="reinforce_pp", gamma=gamma),
+        kl=KLConfig(mode="reward", coef=beta),
+    )
+    out = compute_advantages(
+        cfg, _f32(s), _f32(mask), group_size=G, old_logp=_f32(old), ref_logp=_f32(ref), kl_coef=beta
+    )
+    r = _token_rewards(s, old, ref, mask, beta)
+    ret = np.zeros_like(r)
+    for n in range(N):
+        acc = 0.0
+        for t in reversed(range(T)):
+            if mask[n, t]:
+                acc = r[n, t] + gamma * acc
+                ret[n, t] = acc
+    np.testing.assert_allclose(out.advantages, _whiten(ret, mask), rtol=1e-4, atol=1e-5)
+
+
+def test_gae_with_kl_reward_and_whitening_and_explained_variance():
+    mask, s, old, ref, values = _inputs(3)
+    beta, lam = 0.05, 0.95
+    cfg = preset("ppo")
+    out = compute_advantages(
+        cfg,
+        _f32(s),
+        _f32(mask),
+        group_size=G,
+        old_logp=_f32(old),
+        ref_logp=_f32(ref),
+        values=_f32(values * mask),
+        kl_coef=beta,
+    )
+    r = _token_rewards(s, old, ref, mask, beta)
+    v = values * mask
+    adv = np.zeros_like(r)
+    for n in range(N):
+        last, nv = 0.0, 0.0
+        for t in reversed(range(T)):
+            if mask[n, t]:
+                delta = r[n, t] + nv - v[n, t]
+                last = delta + lam * last
+                nv = v[n, t]
+                adv[n, t] = last
+    ret = (adv + v) * mask
+    np.testing.assert_allclose(out.returns, ret, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out.advantages, _whiten(adv, mask), rtol=1e-4, atol=1e-5)
+    valid = mask > 0
+    ev = 1 - np.var((ret - v)[valid], ddof=1) / np.var(ret[valid], ddof=1)
+    np.testing.assert_allclose(float(out.metrics["value/explained_var"]), ev, rtol=1e-4)
+
+
+def test_reinforce_pp_baseline_whitens_group_centred_scores_over_tokens():
+    mask, s, *_ = _inputs(4)
+    out = compute_advantages(preset("reinforce_pp_baseline"), _f32(s), _f32(mask), group_size=G)
+    g = s.reshape(B, G)
+    b = (g - g.mean(1, keepdims=True)).reshape(N, 1) * mask
+    np.testing.assert_allclose(out.advantages, _whiten(b, mask), rtol=1e-4, atol=1e-5)
+
+
+def test_dapo_drops_zero_variance_groups_from_the_batch():
+    mask, s, old, *_ = _inputs(5)
+    batch, metrics = build_rl_batch(
+        preset("dapo"),
+        tokens=jnp.ones((N, 3 + T), jnp.int32),
+        attention_mask=jnp.ones((N, 3 + T), jnp.int32),
+        completion_mask=_f32(mask),
+        rewards=_f32(s),
+        group_size=G,
+        old_logp=_f32(old),
+        ref_logp=_f32(old),
+    )
+    spread = s.reshape(B, G).max(1) > s.reshape(B, G).min(1)
+    keep = np.repeat(spread, G)
+    np.testing.assert_array_equal(batch.completion_mask, mask * keep[:, None])
+    np.testing.assert_array_equal(np.asarray(batch.advantages)[~keep], 0.0)
+    assert batch.ref_logp is None  # DAPO has no KL: the field is left out
+    assert float(metrics["adv/kept_frac"]) == pytest.approx(keep.mean())
+    assert float(metrics["adv/frac_zero_std"]) == pytest.approx(1 - spread.mean())
+
+
+def test_input_errors():
+    mask, s, *_ = _inputs()
+    with pytest.raises(ValueError, match="needs group_size >= 2"):
+        compute_advantages(preset("grpo"), _f32(s), _f32(mask), group_size=1)
+    with pytest.raises(ValueError, match="not whole groups"):
+        compute_advantages(preset("grpo"), _f32(s), _f32(mask), group_size=5)
+    with pytest.raises(ValueError, match="needs `old_logp` and `ref_logp`"):
+        compute_advantages(preset("reinforce_pp"), _f32(s), _f32(mask), group_size=G)
+    with pytest.raises(ValueError, match="needs the old critic `values`"):
+        compute_advantages(
+            preset("ppo"),
+            _f32(s),
+            _f32(mask),
+            group_size=G,
+            old_logp=_f32(mask),
+            ref_logp=_f32(mask),
+        )
+    with pytest.raises(ValueError, match=r"`rewards` must be a float array \[N\]"):
+        compute_advantages(AlgorithmConfig(), _f32(s[:-1]), _f32(mask), group_size=G)

@@ -7,6 +7,8 @@
 - `templates`: format strings over example fields, optional chat rendering.
 - `sources`: `DataConfig` and `load_split(config, "train" | "eval")`.
 - `batch`: `make_prompt_batch` (prompt and answer tokens), `group_fields` (fields per completion).
+- `preference`: preference / KTO JSONL records → truncated tokens → bucketed
+  `PreferenceBatch`es; `arithmetic_preference_records` (a tiny generated set).
 - `iterator`: `IteratorState(seed, epoch, position)`, `next_batch`, `host_slice`, `eval_batches`.
 """
 
@@ -20,6 +22,19 @@ from jaxrl_llm.data.iterator import (
 )
 from jaxrl_llm.data.jsonl import read_jsonl
 from jaxrl_llm.data.parquet import read_parquet
+from jaxrl_llm.data.preference import (
+    PreferenceDataConfig,
+    TokenizedPreference,
+    TruncationStats,
+    arithmetic_preference_records,
+    check_preference_record,
+    load_preference_data,
+    make_preference_batch,
+    read_preference_jsonl,
+    tokenize_preferences,
+    truncate_tokens,
+    write_preference_jsonl,
+)
 from jaxrl_llm.data.records import DataError, RecordIssue, clean_record, plain_value
 from jaxrl_llm.data.sources import DataConfig, load_split, parse_source
 from jaxrl_llm.data.tasks import (
@@ -39,12 +54,17 @@ __all__ = [
     "DataConfig",
     "DataError",
     "IteratorState",
+    "PreferenceDataConfig",
     "PromptBatch",
     "RecordIssue",
     "SortingConfig",
     "TemplateConfig",
+    "TokenizedPreference",
+    "TruncationStats",
     "arithmetic_examples",
+    "arithmetic_preference_records",
     "arithmetic_problem",
+    "check_preference_record",
     "clean_record",
     "epoch_order",
     "eval_batches",
@@ -53,16 +73,22 @@ __all__ = [
     "host_slice",
     "import_tfds",
     "in_eval_split",
+    "load_preference_data",
     "load_split",
+    "make_preference_batch",
     "make_prompt_batch",
     "next_batch",
     "parse_source",
     "plain_value",
     "read_jsonl",
     "read_parquet",
+    "read_preference_jsonl",
     "read_tfds",
     "render_prompt",
     "sorting_examples",
     "sorting_problem",
     "template_fields",
+    "tokenize_preferences",
+    "truncate_tokens",
+    "write_preference_jsonl",
 ]

@@ -9,6 +9,8 @@
 * `algorithms` — `AlgorithmConfig`, named `PRESETS`, and the composed RL loss.
 * `advantages` — rewards → advantages, returns and the kept-groups mask; `build_rl_batch`.
 * `objectives` — what the step differentiates: `rl_objective`, `sft_objective`.
+* `preference` — offline preference training (DPO, RPO, SimPO, CPO, ORPO, KTO, BCO):
+  `PreferenceConfig`, `PreferenceBatch`, `preference_objective`, `train_preference`.
 * `update` — the pure `update_step` (epochs × minibatches × accumulation in `lax.scan`),
   `loss_and_grads`, `make_update_step`.
 * `shardings` — state and batch shardings for a mesh.
@@ -57,6 +59,21 @@ from jaxrl_llm.train.optim import (
     weight_decay_mask,
 )
 from jaxrl_llm.train.params import ModelGraphs, param_path, reference_params, split_models
+from jaxrl_llm.train.preference import (
+    PreferenceBatch,
+    PreferenceConfig,
+    check_preference_batch,
+    concat_sequences,
+    kto_kl_sequences,
+    pair_valid,
+    preference_loss,
+    preference_normalizers,
+    preference_objective,
+    prepare_preference_batch,
+    reference_logprobs,
+    sequence_logprobs,
+    train_preference,
+)
 from jaxrl_llm.train.shardings import batch_sharding, param_shardings, train_state_shardings
 from jaxrl_llm.train.state import TrainState, init_train_state
 from jaxrl_llm.train.update import loss_and_grads, make_update_step, update_step
@@ -75,6 +92,8 @@ __all__ = [
     "Objective",
     "OptimConfig",
     "PolicyLossConfig",
+    "PreferenceBatch",
+    "PreferenceConfig",
     "RLBatch",
     "RolloutCorrectionConfig",
     "SFTConfig",
@@ -82,17 +101,20 @@ __all__ = [
     "TrainState",
     "batch_sharding",
     "build_rl_batch",
+    "check_preference_batch",
     "check_rl_batch",
     "check_sequence_batch",
     "chunked_logprobs",
     "completion_hidden",
     "completion_logprobs",
     "compute_advantages",
+    "concat_sequences",
     "count_normalizers",
     "critic_values",
     "has_learning_rate",
     "init_train_state",
     "kl_controller",
+    "kto_kl_sequences",
     "learning_rate",
     "loss_and_grads",
     "make_logprob_fn",
@@ -101,16 +123,24 @@ __all__ = [
     "make_update_step",
     "make_value_fn",
     "micro_batch_stats",
+    "pair_valid",
     "param_path",
     "param_shardings",
+    "preference_loss",
+    "preference_normalizers",
+    "preference_objective",
+    "prepare_preference_batch",
     "preset",
     "prompt_length",
     "reduce_stats",
+    "reference_logprobs",
     "reference_params",
     "rl_loss",
     "rl_objective",
+    "sequence_logprobs",
     "sft_objective",
     "split_models",
+    "train_preference",
     "train_state_shardings",
     "update_step",
     "weight_decay_mask",

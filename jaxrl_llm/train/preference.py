@@ -1,0 +1,1016 @@
+"""Offline preference training: DPO (every loss type), RPO, SimPO, CPO, ORPO, KTO and BCO.
+
+The compiled update step is generic over an `Objective`; this module supplies the one for
+preference data. A `PreferenceBatch` holds, per row, a chosen and a rejected sequence (each a
+`SequenceBatch`: prompt left-padded to `P`, completion right-padded to `T`) and the frozen
+reference's sequence log-probs, computed once per batch before the step. KTO's rows are single
+labelled examples (`chosen` holds them, `labels` says which are desirable) plus the batch's
+reference point `z`; BCO's rows carry the running reward shift `δ`.
+
+One micro-batch of the objective (`preference_objective`):
+
+    lp        = completion_logprobs(policy, concat(chosen, rejected))      one forward, [2N,T]
+    π_c, π_r  = losses.sequence_logprob(lp, m; sum | mean)                  (or LD-DPO's sums)
+    L         = losses.<loss>(π_c, π_r, ref_c, ref_r; …, num_pairs = D)    mean over the D pairs
+                + c·losses.nll_loss(lp_c, m_c; agg, global counts)         RPO, CPO, ORPO
+
+`D` is the number of valid pairs of the whole optimizer update (`Normalizers.num_seqs`), so the
+`k` micro-batches of an update add up to the loss of the whole minibatch, exactly as
+`sft_objective` does with tokens. The NLL term uses the update's chosen-token count
+(`Normalizers.num_tokens`).
+
+Host-side preparation of a batch (`prepare_preference_batch`) runs jitted forwards of the
+reference (`reference_logprobs`), of KTO's mismatched pairs (`kto_kl_sequences`, the reference
+point `z = max(mean(π − ref), 0)` over them, as TRL's `KTOTrainer`) and, for BCO, of the policy
+(the running mean of the implicit rewards). `train_preference` is a complete small offline run
+over JSONL or in-memory records.
+
+Sources: DPO "Direct Preference Optimization: Your Language Model is Secretly a Reward Model"
+(arXiv 2305.18290); RPO "Provably Mitigating Overoptimization in RLHF" (arXiv 2405.16436);
+SimPO (arXiv 2405.14734); CPO (arXiv 2401.08417); ORPO (arXiv 2403.07691); KTO
+(arXiv 2402.01306); BCO (arXiv 2404.04656); LD-DPO (arXiv 2409.06411). Formulas: ALGORITHMS.md §8.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+import losses
+from jaxrl_llm.train.batch import (
+    Normalizers,
+    SequenceBatch,
+    check_sequence_batch,
+    prompt_length,
+)
+from jaxrl_llm.train.logprobs import completion_logprobs
+from jaxrl_llm.train.objectives import Objective
+from jaxrl_llm.train.params import ModelGraphs
+from losses.aggregation import AggMode
+
+PreferenceLoss = Literal["dpo", "rpo", "simpo", "cpo", "orpo", "kto", "bco"]
+FDivergence = Literal["reverse_kl", "forward_kl", "js_divergence", "alpha_divergence"]
+
+# the options each loss reads; every other option must stay unset (None)
+_LOSS_FIELDS: dict[str, tuple[str, ...]] = {
+    "dpo": (
+        "beta",
+        "loss_type",
+        "loss_weights",
+        "label_smoothing",
+        "reference_free",
+        "f_divergence",
+        "f_alpha",
+        "discopop_tau",
+        "normalize_by_length",
+        "ld_alpha",
+    ),
+    "simpo": ("beta", "gamma", "label_smoothing", "alpha", "average_logprobs"),
+    "cpo": ("beta", "loss_type", "label_smoothing", "nll_coef", "nll_agg", "average_logprobs"),
+    "orpo": ("beta", "nll_coef", "nll_agg", "average_logprobs"),
+    "kto": ("beta", "loss_type", "desirable_weight", "undesirable_weight"),
+    "bco": ("beta",),
+}
+_LOSS_FIELDS["rpo"] = (*_LOSS_FIELDS["dpo"], "nll_coef", "nll_agg")
+_STEP_FIELDS = ("loss", "epochs", "minibatches", "shuffle", "chunk_size")
+# losses defined on length-averaged log-probs by their papers (`average_logprobs` default)
+_AVERAGED_BY_DEFAULT = {"simpo": True, "orpo": True, "cpo": False}
+_NLL_LOSSES = ("rpo", "cpo", "orpo")
+_DEFAULT_NLL_COEF = 1.0  # TRL's rpo_alpha / cpo_alpha; ORPO's objective weights the NLL by 1
+_LENGTH_TYPES = ("ipo", "sigmoid_norm")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PreferenceConfig:
+    """The `preference:` section: which preference loss, its keywords, and the step's shape.
+
+    Options the chosen `loss` does not read must stay unset (None), as in `AlgorithmConfig`;
+    an unset option takes the loss function's own default. Every static check of the loss
+    itself (e.g. `exo_pair` needs `0 < label_smoothing < 1`) also runs here, at load time.
+
+    Attributes:
+      loss: "dpo" (`losses.dpo_loss`), "rpo" (`losses.rpo_loss`: DPO + NLL of the chosen),
+        "simpo", "cpo" (+ NLL), "orpo" (+ NLL), "kto" (unpaired labelled data) or "bco"
+        (`losses.bco_loss` on pairs, with the running reward mean δ).
+      beta: β of the loss (None: its default — 0.1, SimPO 2.0).
+      loss_type: dpo/rpo: a name of `losses.DPO_LOSS_TYPES` or a list of them (weighted sum);
+        cpo: "sigmoid", "hinge" or "ipo"; kto: "kto" or "apo_zero_unpaired".
+      loss_weights: dpo/rpo with a list `loss_type`: one weight per type (MPO: 0.8, 0.2).
+      label_smoothing: ε (dpo/rpo types that read it, simpo, cpo sigmoid).
+      reference_free: dpo/rpo: `ref ≡ 0` (no reference forward).
+      f_divergence, f_alpha, discopop_tau: dpo/rpo scores and DiscoPOP's τ.
+      normalize_by_length: dpo/rpo with "ipo" or "sigmoid_norm": pass the completion lengths
+        (TRL's length-normalised IPO).
+      ld_alpha: dpo/rpo: LD-DPO's weight α ∈ [0, 1] of the tokens beyond the shorter response
+        (`losses.ld_sequence_logprob`, policy and reference alike).
+      gamma: simpo: target margin γ (default 0.5).
+      alpha: simpo: AlphaPO's reward-shape α (default 0: SimPO).
+      average_logprobs: simpo/orpo/cpo: length-averaged sequence log-probs
+        (`sequence_logprob(reduce="mean")`); default True for simpo and orpo (their papers),
+        False for cpo (TRL feeds averages to cpo's ipo: set it True).
+      nll_coef: rpo/cpo/orpo: weight of the NLL of the chosen tokens (default 1.0).
+      nll_agg: rpo/cpo/orpo: aggregation of that NLL (default "token_mean", TRL's;
+        "seq_mean_token_mean" is OpenRLHF's and ORPO's paper).
+      desirable_weight, undesirable_weight: kto: λ_D, λ_U (default 1.0).
+      epochs: passes over each batch.
+      minibatches: optimizer updates per epoch.
+      shuffle: reshuffle the rows every epoch.
+      chunk_size: positions per vocabulary chunk of the forward.
+
+    Examples:
+      >>> PreferenceConfig(loss="dpo", beta=0.1, loss_type=("sigmoid", "bco_pair"),
+      ...                  loss_weights=(0.8, 0.2)).uses_reference
+      True
+      >>> PreferenceConfig(loss="simpo", nll_coef=1.0)
+      Traceback (most recent call last):
+      ...
+      ValueError: PreferenceConfig: `nll_coef` is not used by loss 'simpo'; remove it (got 1.0).
+    """
+
+    loss: PreferenceLoss = "dpo"
+    beta: float | None = None
+    loss_type: str | tuple[str, ...] | None = None
+    loss_weights: tuple[float, ...] | None = None
+    label_smoothing: float | None = None
+    reference_free: bool | None = None
+    f_divergence: FDivergence | None = None
+    f_alpha: float | None = None
+    discopop_tau: float | None = None
+    normalize_by_length: bool | None = None
+    ld_alpha: float | None = None
+    gamma: float | None = None
+    alpha: float | None = None
+    average_logprobs: bool | None = None
+    nll_coef: float | None = None
+    nll_agg: AggMode | None = None
+    desirable_weight: float | None = None
+    undesirable_weight: float | None = None
+    epochs: int = 1
+    minibatches: int = 1
+    shuffle: bool = True
+    chunk_size: int | None = None
+
+    def __post_init__(self) -> None:
+        where = "PreferenceConfig"
+        if self.loss not in _LOSS_FIELDS:
+            raise ValueError(
+                f"{where}: `loss` must be one of {', '.join(_LOSS_FIELDS)}, got {self.loss!r}."
+            )
+        used = _LOSS_FIELDS[self.loss]
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.name not in (*used, *_STEP_FIELDS) and value is not None:
+                raise ValueError(
+                    f"{where}: `{field.name}` is not used by loss {self.loss!r}; remove it "
+                    f"(got {value!r})."
+                )
+        for key in ("loss_type", "loss_weights"):  # built in Python with a list: freeze it
+            if isinstance(getattr(self, key), list):
+                object.__setattr__(self, key, tuple(getattr(self, key)))
+        self._check_values(where)
+        _dry_run(self)
+
+    def _check_values(self, where: str) -> None:
+        for key in ("epochs", "minibatches"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{where}: `{key}` must be an int >= 1, got {value!r}.")
+        if self.chunk_size is not None and (
+            isinstance(self.chunk_size, bool) or self.chunk_size < 1
+        ):
+            raise ValueError(
+                f"{where}: `chunk_size` must be >= 1 or null, got {self.chunk_size!r}."
+            )
+        if self.beta is not None and not self.beta > 0:
+            raise ValueError(f"{where}: `beta` must be > 0, got {self.beta!r}.")
+        if self.loss in ("dpo", "rpo"):
+            allowed, several = losses.DPO_LOSS_TYPES, True
+        elif self.loss == "cpo":
+            allowed, several = losses.CPO_LOSS_TYPES, False
+        else:
+            allowed, several = losses.KTO_LOSS_TYPES, False
+        types = self.loss_types
+        if self.loss_type is not None:
+            if isinstance(self.loss_type, tuple) and not several:
+                raise ValueError(
+                    f"{where}: loss {self.loss!r} takes one `loss_type`, got {self.loss_type!r}."
+                )
+            bad = [t for t in types if t not in allowed]
+            if bad or not types:
+                raise ValueError(
+                    f"{where}: `loss_type` must be one of {', '.join(allowed)}"
+                    + (" (or a list of them)" if several else "")
+                    + f", got {self.loss_type!r}."
+                )
+        if self.loss_weights is not None and (
+            not isinstance(self.loss_type, tuple) or len(self.loss_weights) != len(types)
+        ):
+            raise ValueError(
+                f"{where}: `loss_weights` needs a list `loss_type` of the same length, got "
+                f"loss_weights={self.loss_weights!r} with loss_type={self.loss_type!r}."
+            )
+        if self.normalize_by_length and not set(types) & set(_LENGTH_TYPES):
+            raise ValueError(
+                f"{where}: `normalize_by_length` is read only by loss types "
+                f"{', '.join(_LENGTH_TYPES)}, got loss_type={self.loss_type!r}."
+            )
+        if self.ld_alpha is not None and not 0.0 <= self.ld_alpha <= 1.0:
+            raise ValueError(f"{where}: `ld_alpha` must lie in [0, 1], got {self.ld_alpha!r}.")
+        if self.nll_agg is not None and self.nll_agg not in losses.AGG_MODES:
+            raise ValueError(
+                f"{where}: `nll_agg` must be one of {', '.join(losses.AGG_MODES)}, got "
+                f"{self.nll_agg!r}."
+            )
+        for key in ("nll_coef", "desirable_weight", "undesirable_weight"):
+            value = getattr(self, key)
+            if value is not None and value < 0:
+                raise ValueError(f"{where}: `{key}` must be >= 0, got {value!r}.")
+
+    @property
+    def loss_types(self) -> tuple[str, ...]:
+        """The DPO/CPO/KTO loss type(s) as a tuple (the loss's default when unset)."""
+        if self.loss_type is None:
+            return {"dpo": ("sigmoid",), "rpo": ("sigmoid",), "cpo": ("sigmoid",)}.get(
+                self.loss, ("kto",) if self.loss == "kto" else ()
+            )
+        return self.loss_type if isinstance(self.loss_type, tuple) else (self.loss_type,)
+
+    @property
+    def paired(self) -> bool:
+        """True for losses on (chosen, rejected) pairs; False for KTO's labelled examples."""
+        return self.loss != "kto"
+
+    @property
+    def uses_reference(self) -> bool:
+        """Whether the batch needs reference log-probs."""
+        if self.loss in ("dpo", "rpo"):
+            return not self.reference_free
+        return self.loss in ("kto", "bco")
+
+    @property
+    def needs_reference_point(self) -> bool:
+        """KTO with loss_type "kto" reads the batch reference point `z`."""
+        return self.loss == "kto" and self.loss_types == ("kto",)
+
+    @property
+    def sequence_reduce(self) -> Literal["sum", "mean"]:
+        """How token log-probs become sequence log-probs for this loss."""
+        average = self.average_logprobs
+        if average is None:
+            average = _AVERAGED_BY_DEFAULT.get(self.loss, False)
+        return "mean" if average else "sum"
+
+    @property
+    def effective_nll_coef(self) -> float:
+        """The NLL weight (0 for losses without an NLL term)."""
+        if self.loss not in _NLL_LOSSES:
+            return 0.0
+        return _DEFAULT_NLL_COEF if self.nll_coef is None else self.nll_coef
+
+
+def _set(config: PreferenceConfig, *names: str, rename: dict[str, str] | None = None) -> dict:
+    """The options among `names` that are set, as keywords of the loss function."""
+    rename = rename or {}
+    return {rename.get(n, n): getattr(config, n) for n in names if getattr(config, n) is not None}
+
+
+def _dpo_keywords(config: PreferenceConfig) -> dict[str, Any]:
+    kw = _set(
+        config,
+        "beta",
+        "loss_type",
+        "loss_weights",
+        "label_smoothing",
+        "f_divergence",
+        "f_alpha",
+        "discopop_tau",
+    )
+    kw["reference_free"] = bool(config.reference_free)
+    return kw
+
+
+def _dry_run(config: PreferenceConfig) -> None:
+    """Trace the loss once on two dummy pairs so its own static checks run at load time."""
+    z = jnp.zeros(2, jnp.float32)
+
+    def trace() -> Any:
+        loss = config.loss
+        if loss in ("dpo", "rpo"):
+            ref = z if config.uses_reference else None
+            lengths = {}
+            if config.normalize_by_length:
+                lengths = {"chosen_length": jnp.ones(2), "rejected_length": jnp.ones(2)}
+            return losses.dpo_loss(z, z, ref, ref, **_dpo_keywords(config), **lengths)
+        if loss == "simpo":
+            return losses.simpo_loss(
+                z, z, **_set(config, "beta", "gamma", "label_smoothing", "alpha")
+            )
+        if loss == "cpo":
+            return losses.cpo_loss(z, z, **_set(config, "beta", "loss_type", "label_smoothing"))
+        if loss == "orpo":
+            return losses.orpo_loss(z, z, **_set(config, "beta"))
+        if loss == "kto":
+            kw = _set(config, "beta", "loss_type", "desirable_weight", "undesirable_weight")
+            return losses.kto_loss(z, z, z, z, kl=jnp.zeros(()), **kw)
+        return losses.bco_loss(z, z, z, z, **_set(config, "beta"))
+
+    try:
+        jax.eval_shape(trace)
+    except ValueError as err:
+        raise ValueError(f"PreferenceConfig (loss={config.loss!r}): {err}") from None
+
+
+class PreferenceBatch(NamedTuple):
+    """One batch of preference data (a pytree; every leaf has the leading axis `N`).
+
+    Attributes:
+      chosen: `SequenceBatch` of the chosen responses (KTO: of the labelled examples).
+      rejected: `SequenceBatch` of the rejected responses, with the same prompts; None for KTO.
+      ref_chosen_logp: `[N]` reference sequence log-probs (sums) of `chosen`, or None
+        (reference-free losses).
+      ref_rejected_logp: `[N]` reference sequence log-probs of `rejected`, or None.
+      labels: `[N]` {0,1} KTO labels, 1 = desirable; None for paired losses.
+      kl_reference_point: `[N]` KTO's reference point `z` of the whole batch (the same value in
+        every row, so micro-batches keep it); None otherwise.
+      reward_shift: `[N]` BCO's running reward mean `δ` (the same value in every row), or None.
+
+    A row whose chosen (or rejected) completion has no valid token is padding: it leaves the
+    loss and its normalisers.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> s = SequenceBatch(jnp.ones((2, 5), jnp.int32), jnp.ones((2, 5)), jnp.ones((2, 2)))
+      >>> b = PreferenceBatch(chosen=s, rejected=s, ref_chosen_logp=jnp.zeros(2),
+      ...                     ref_rejected_logp=jnp.zeros(2))
+      >>> len(jax.tree.leaves(b)), b.labels is None
+      (8, True)
+    """
+
+    chosen: SequenceBatch
+    rejected: SequenceBatch | None = None
+    ref_chosen_logp: jax.Array | None = None
+    ref_rejected_logp: jax.Array | None = None
+    labels: jax.Array | None = None
+    kl_reference_point: jax.Array | None = None
+    reward_shift: jax.Array | None = None
+
+
+def check_preference_batch(config: PreferenceConfig, batch: Any, *, where: str) -> None:
+    """Validate a `PreferenceBatch` against the loss of `config` (static shapes and fields).
+
+    Raises:
+      ValueError: naming the field, what the loss needs and what was received.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> s = SequenceBatch(jnp.ones((2, 5), jnp.int32), jnp.ones((2, 5)), jnp.ones((2, 2)))
+      >>> check_preference_batch(PreferenceConfig(), PreferenceBatch(s, s), where="demo")
+      Traceback (most recent call last):
+      ...
+      ValueError: demo: loss 'dpo' needs `ref_chosen_logp` (reference sequence log-probs from reference_logprobs / prepare_preference_batch), got None.
+    """
+    if not isinstance(batch, PreferenceBatch):
+        raise ValueError(f"{where}: expected a PreferenceBatch, got {type(batch).__name__}.")
+    check_sequence_batch(batch.chosen, where=f"{where} (chosen)")
+    N = batch.chosen.tokens.shape[0]
+    if config.paired:
+        if batch.rejected is None:
+            raise ValueError(f"{where}: loss {config.loss!r} needs `rejected` sequences, got None.")
+        check_sequence_batch(batch.rejected, where=f"{where} (rejected)")
+        if batch.rejected.tokens.shape[0] != N:
+            raise ValueError(
+                f"{where}: `rejected` must have N = {N} rows like `chosen`, got "
+                f"{batch.rejected.tokens.shape[0]}."
+            )
+    elif batch.rejected is not None:
+        raise ValueError(
+            f"{where}: loss 'kto' takes unpaired labelled examples in `chosen`; `rejected` must "
+            "be None."
+        )
+    needed = {
+        "ref_chosen_logp": config.uses_reference,
+        "ref_rejected_logp": config.uses_reference and config.paired,
+        "labels": config.loss == "kto",
+        "kl_reference_point": config.needs_reference_point,
+        "reward_shift": config.loss == "bco",
+    }
+    for name, need in needed.items():
+        value = getattr(batch, name)
+        if value is None:
+            if need:
+                raise ValueError(
+                    f"{where}: loss {config.loss!r} needs `{name}` ("
+                    + _FIELD_SOURCES[name]
+                    + "), got None."
+                )
+            continue
+        if value.shape != (N,) or not jnp.issubdtype(value.dtype, jnp.floating):
+            raise ValueError(
+                f"{where}: `{name}` must be a floating array of shape ({N},) ([N]), got "
+                f"{value.dtype}{value.shape}."
+            )
+
+
+_FIELD_SOURCES = {
+    "ref_chosen_logp": "reference sequence log-probs from reference_logprobs / "
+    "prepare_preference_batch",
+    "ref_rejected_logp": "reference sequence log-probs from reference_logprobs / "
+    "prepare_preference_batch",
+    "labels": "1 = desirable, 0 = undesirable",
+    "kl_reference_point": "KTO's batch reference point from prepare_preference_batch",
+    "reward_shift": "BCO's running reward mean from prepare_preference_batch",
+}
+
+
+def concat_sequences(a: SequenceBatch, b: SequenceBatch) -> SequenceBatch:
+    """Stack two `SequenceBatch`es along `N`, padding to a common prompt and completion length.
+
+    Prompts are padded on the left and completions on the right (token 0, mask 0), so the
+    layout of `jaxrl_llm.train.batch` holds for the result: one forward scores both.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> a = SequenceBatch(jnp.array([[1, 2, 3]]), jnp.ones((1, 3)), jnp.ones((1, 1)))
+      >>> b = SequenceBatch(jnp.array([[4, 5, 6]]), jnp.ones((1, 3)), jnp.ones((1, 2)))
+      >>> c = concat_sequences(a, b)
+      >>> c.tokens.tolist(), c.completion_mask.tolist()
+      ([[1, 2, 3, 0], [0, 4, 5, 6]], [[1.0, 0.0], [1.0, 1.0]])
+    """
+    P = max(prompt_length(a), prompt_length(b))
+    T = max(a.completion_mask.shape[1], b.completion_mask.shape[1])
+
+    def pad(s: SequenceBatch) -> SequenceBatch:
+        p, t = prompt_length(s), s.completion_mask.shape[1]
+        if (p, t) == (P, T):
+            return s
+        widths = ((0, 0), (P - p, T - t))
+        return SequenceBatch(
+            jnp.pad(s.tokens, widths),
+            jnp.pad(s.attention_mask, widths),
+            jnp.pad(s.completion_mask, ((0, 0), (0, T - t))),
+        )
+
+    a, b = pad(a), pad(b)
+    return SequenceBatch(*(jnp.concatenate([x, y], axis=0) for x, y in zip(a, b, strict=True)))
+
+
+def kto_kl_sequences(seqs: SequenceBatch) -> SequenceBatch:
+    """KTO's mismatched pairs: row `i`'s prompt with row `i − 1`'s completion (row 0: the last).
+
+    TRL's `KTOTrainer` pairs each prompt with the previous example's completion to estimate
+    `KL(π ‖ π_ref)`; in the left-/right-padded layout that is a roll of the completion columns
+    by one row.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> s = SequenceBatch(jnp.array([[1, 7], [2, 8], [3, 9]]), jnp.ones((3, 2)), jnp.ones((3, 1)))
+      >>> kto_kl_sequences(s).tokens.tolist()
+      [[1, 9], [2, 7], [3, 8]]
+    """
+    P = prompt_length(seqs)
+
+    def mismatch(x: jax.Array) -> jax.Array:
+        return jnp.concatenate([x[:, :P], jnp.roll(x[:, P:], 1, axis=0)], axis=1)
+
+    return SequenceBatch(
+        mismatch(jnp.asarray(seqs.tokens)),
+        mismatch(jnp.asarray(seqs.attention_mask)),
+        jnp.roll(jnp.asarray(seqs.completion_mask), 1, axis=0),
+    )
+
+
+def _has_tokens(mask: jax.Array) -> jax.Array:
+    return (jnp.sum(jnp.asarray(mask) > 0, axis=1) > 0).astype(jnp.float32)
+
+
+def pair_valid(batch: PreferenceBatch) -> jax.Array:
+    """`[N]` float32 {0,1}: rows whose chosen (and rejected) completion has a valid token.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> s = SequenceBatch(jnp.ones((2, 4), jnp.int32), jnp.ones((2, 4)), jnp.array([[1, 0], [0, 0]]))
+      >>> pair_valid(PreferenceBatch(chosen=s)).tolist()
+      [1.0, 0.0]
+    """
+    valid = _has_tokens(batch.chosen.completion_mask)
+    if batch.rejected is not None:
+        valid = valid * _has_tokens(batch.rejected.completion_mask)
+    return valid
+
+
+def preference_normalizers(batch: PreferenceBatch) -> Normalizers:
+    """Additive counts of a (micro-)batch: valid pairs (`num_seqs`) and their chosen tokens.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> s = SequenceBatch(jnp.ones((2, 5), jnp.int32), jnp.ones((2, 5)), jnp.array([[1, 1], [1, 0]]))
+      >>> n = preference_normalizers(PreferenceBatch(chosen=s, rejected=s))
+      >>> float(n.num_seqs), float(n.num_tokens)
+      (2.0, 3.0)
+    """
+    valid = pair_valid(batch)
+    chosen = (jnp.asarray(batch.chosen.completion_mask) > 0).astype(jnp.float32)
+    return Normalizers(
+        num_tokens=jnp.sum(chosen * valid[:, None]),
+        num_seqs=jnp.sum(valid),
+        grad_scale=jnp.ones((), jnp.float32),
+    )
+
+
+def sequence_logprobs(
+    config: PreferenceConfig,
+    chosen_logp: jax.Array,
+    chosen_mask: jax.Array,
+    rejected_logp: jax.Array | None,
+    rejected_mask: jax.Array | None,
+) -> tuple[jax.Array, jax.Array | None]:
+    """Sequence log-probs `[N]` of the chosen and rejected completions, as the loss reads them.
+
+    `losses.sequence_logprob` with `config.sequence_reduce` ("sum", or "mean" for the
+    length-averaged losses), or LD-DPO's `losses.ld_sequence_logprob` with `config.ld_alpha`.
+    Used for the policy and the reference alike.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> lp, m = jnp.array([[-1.0, -3.0]]), jnp.ones((1, 2))
+      >>> c, r = sequence_logprobs(PreferenceConfig(loss="orpo"), lp, m, lp, m)
+      >>> float(c[0]), float(r[0])
+      (-2.0, -2.0)
+    """
+    if rejected_logp is None:
+        return losses.sequence_logprob(
+            chosen_logp, chosen_mask, reduce=config.sequence_reduce
+        ), None
+    if config.ld_alpha is not None:
+        return losses.ld_sequence_logprob(
+            chosen_logp, chosen_mask, rejected_logp, rejected_mask, alpha=config.ld_alpha
+        )
+    reduce = config.sequence_reduce
+    return (
+        losses.sequence_logprob(chosen_logp, chosen_mask, reduce=reduce),
+        losses.sequence_logprob(rejected_logp, rejected_mask, reduce=reduce),
+    )
+
+
+def _nll(
+    config: PreferenceConfig, chosen_logp: jax.Array, chosen_mask: jax.Array, norms: Normalizers
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    return losses.nll_loss(
+        chosen_logp,
+        chosen_mask,
+        agg=config.nll_agg or "token_mean",
+        num_tokens=jnp.maximum(norms.num_tokens, 1.0),
+        num_seqs=jnp.maximum(norms.num_seqs, 1.0),
+    )
+
+
+def _share_metrics(metrics: dict[str, jax.Array]) -> dict[str, jax.Array]:
+    """Loss parts normalised by the update's global counts are `loss/…` keys (summed per update)."""
+    out = {}
+    for key, value in metrics.items():
+        if key.startswith("pref/loss_"):
+            out["loss/" + key.removeprefix("pref/loss_")] = value
+        elif key not in ("pref/nll", "pref/dpo_loss"):  # rpo_loss's parts: reported as loss/…
+            out[key] = value
+    return out
+
+
+def preference_loss(
+    config: PreferenceConfig,
+    batch: PreferenceBatch,
+    chosen_logp: jax.Array,
+    rejected_logp: jax.Array | None,
+    norms: Normalizers,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """The loss of one micro-batch from the policy's token log-probs (no model call).
+
+    With the sequence log-probs of `sequence_logprobs`, the valid pairs `v` (`pair_valid`) and
+    `D = max(norms.num_seqs, 1)` valid pairs in the whole optimizer update:
+
+        dpo    losses.dpo_loss(π_c, π_r, ref_c, ref_r; …, valid=v, num_pairs=D)
+        rpo    losses.rpo_loss(…, NLL)                     NLL = nll_loss(lp_c, m_c·v; nll_agg)
+        simpo  losses.simpo_loss(π̄_c, π̄_r; …)             cpo / orpo: + nll_coef·NLL
+        kto    losses.kto_loss(π, π, ref, ref; kl=z, chosen_valid=v·y, rejected_valid=v·(1−y),
+                               num_examples=D)
+        bco    losses.bco_loss(π_c, π_r, ref_c, ref_r; δ) · Σv / D
+
+    so the losses of an update's micro-batches add up to the loss of the update (the NLL uses
+    the update's chosen-token count). The `aot` DPO types sort within the micro-batch, so for
+    them accumulation is not exactly the full batch (as in TRL, which sorts per device).
+
+    Args:
+      config: the preference config.
+      batch: the micro-batch (for the masks, reference log-probs, labels, `z`, `δ`).
+      chosen_logp: `[N,T_c]` policy token log-probs of `batch.chosen` (0 outside the mask).
+      rejected_logp: `[N,T_r]` of `batch.rejected`, or None (KTO).
+      norms: the global normalisers of the optimizer update (`preference_normalizers`, summed).
+
+    Returns:
+      `(loss, metrics)`: the loss's `pref/…` metrics, `loss/total`, `loss/preference`, and with
+      an NLL term `loss/nll` and `policy/nll_token_mean`; a weighted DPO combination adds
+      `loss/<type>` per type.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> s = SequenceBatch(jnp.ones((1, 4), jnp.int32), jnp.ones((1, 4)), jnp.ones((1, 2)))
+      >>> b = PreferenceBatch(s, s, jnp.array([-2.0]), jnp.array([-2.0]))
+      >>> norms = preference_normalizers(b)
+      >>> loss, m = preference_loss(PreferenceConfig(), b, jnp.array([[-0.5, -0.5]]),
+      ...                           jnp.array([[-1.5, -1.5]]), norms)
+      >>> round(float(loss), 6), float(m["pref/accuracy"])  # −logσ(0.1·(1 − (−1)))
+      (0.598139, 1.0)
+    """
+    valid = pair_valid(batch)
+    m_c = (jnp.asarray(batch.chosen.completion_mask) > 0).astype(jnp.float32) * valid[:, None]
+    m_r = None
+    if rejected_logp is not None:
+        m_r = (jnp.asarray(batch.rejected.completion_mask) > 0).astype(jnp.float32)
+        m_r = m_r * valid[:, None]
+    pi_c, pi_r = sequence_logprobs(config, chosen_logp, m_c, rejected_logp, m_r)
+    D = jnp.maximum(norms.num_seqs, 1.0)
+    loss_name = config.loss
+    nll = None
+    extra: dict[str, jax.Array] = {}
+    if loss_name in _NLL_LOSSES:
+        nll, nll_metrics = _nll(config, chosen_logp, m_c, norms)
+        extra["policy/nll_token_mean"] = nll_metrics["policy/nll_token_mean"]
+    if loss_name in ("dpo", "rpo"):
+        kw = _dpo_keywords(config)
+        if config.normalize_by_length:
+            kw["chosen_length"] = jnp.sum(m_c, axis=1)
+            kw["rejected_length"] = jnp.sum(m_r, axis=1)
+        refs = (batch.ref_chosen_logp, batch.ref_rejected_logp)
+        if config.reference_free:
+            refs = (None, None)
+        if loss_name == "dpo":
+            pref, metrics = losses.dpo_loss(pi_c, pi_r, *refs, valid=valid, num_pairs=D, **kw)
+            total = pref
+        else:
+            total, metrics = losses.rpo_loss(
+                pi_c,
+                pi_r,
+                *refs,
+                nll,
+                nll_coef=config.effective_nll_coef,
+                valid=valid,
+                num_pairs=D,
+                **kw,
+            )
+            pref = metrics["pref/dpo_loss"]
+    elif loss_name == "simpo":
+        kw = _set(config, "beta", "gamma", "label_smoothing", "alpha")
+        pref, metrics = losses.simpo_loss(pi_c, pi_r, valid=valid, num_pairs=D, **kw)
+        total = pref
+    elif loss_name == "cpo":
+        kw = _set(config, "beta", "loss_type", "label_smoothing")
+        pref, metrics = losses.cpo_loss(pi_c, pi_r, valid=valid, num_pairs=D, **kw)
+        total = pref + config.effective_nll_coef * nll
+    elif loss_name == "orpo":
+        pref, metrics = losses.orpo_loss(
+            pi_c, pi_r, valid=valid, num_pairs=D, **_set(config, "beta")
+        )
+        total = pref + config.effective_nll_coef * nll
+    elif loss_name == "kto":
+        labels = jnp.asarray(batch.labels, jnp.float32)
+        z = batch.kl_reference_point[0] if config.needs_reference_point else None
+        kw = _set(config, "beta", "loss_type", "desirable_weight", "undesirable_weight")
+        pref, metrics = losses.kto_loss(
+            pi_c,
+            pi_c,
+            batch.ref_chosen_logp,
+            batch.ref_chosen_logp,
+            kl=z,
+            chosen_valid=valid * (labels > 0),
+            rejected_valid=valid * (labels <= 0),
+            num_examples=D,
+            **kw,
+        )
+        total = pref
+    else:  # bco: a mean over this micro-batch's pairs, rescaled to the update's pairs
+        local, metrics = losses.bco_loss(
+            pi_c,
+            pi_r,
+            batch.ref_chosen_logp,
+            batch.ref_rejected_logp,
+            delta=batch.reward_shift[0],
+            chosen_valid=valid,
+            rejected_valid=valid,
+            **_set(config, "beta"),
+        )
+        pref = local * jnp.sum(valid) / D
+        total = pref
+    metrics = _share_metrics(dict(metrics))
+    metrics.update(extra)
+    metrics["loss/preference"] = pref
+    if nll is not None:
+        metrics["loss/nll"] = config.effective_nll_coef * nll
+    metrics["loss/total"] = total
+    return total, jax.tree.map(jax.lax.stop_gradient, metrics)
+
+
+def preference_objective(config: PreferenceConfig, graphs: ModelGraphs) -> Objective:
+    """The objective of a preference loss over `PreferenceBatch`es (see `preference_loss`).
+
+    One forward of the policy scores the chosen and rejected sequences together
+    (`concat_sequences`, then `completion_logprobs`); KTO scores its examples alone.
+
+    Args:
+      config: the preference config.
+      graphs: model graphs from `split_models` (policy only).
+
+    Returns:
+      An `Objective` for `make_update_step` / `update_step`.
+
+    Examples:
+      >>> obj = preference_objective(PreferenceConfig(loss="simpo"), ModelGraphs(policy=None))
+      >>> obj.normalizers is preference_normalizers
+      True
+    """
+    if graphs.value is not None:
+        raise ValueError(
+            "preference_objective: preference losses train the policy only; split without a "
+            "critic (graphs.value must be None)."
+        )
+
+    def loss(
+        params: dict, frozen: dict, batch: PreferenceBatch, norms: Normalizers, kl_coef: Any
+    ) -> tuple[jax.Array, dict[str, jax.Array]]:
+        del kl_coef
+        policy = nnx.merge(graphs.policy, params["policy"], frozen["policy"])
+        if batch.rejected is None:
+            logp, _, _ = completion_logprobs(policy, batch.chosen, chunk_size=config.chunk_size)
+            return preference_loss(config, batch, logp, None, norms)
+        joint = concat_sequences(batch.chosen, batch.rejected)
+        logp, _, _ = completion_logprobs(policy, joint, chunk_size=config.chunk_size)
+        N = batch.chosen.tokens.shape[0]
+        chosen = logp[:N, : batch.chosen.completion_mask.shape[1]]
+        rejected = logp[N:, : batch.rejected.completion_mask.shape[1]]
+        return preference_loss(config, batch, chosen, rejected, norms)
+
+    def check(batch: PreferenceBatch, updates_per_step: int) -> None:
+        del updates_per_step  # the reference quantities are fixed for the whole step
+        check_preference_batch(config, batch, where="preference_objective")
+
+    return Objective(loss=loss, normalizers=preference_normalizers, check=check)
+
+
+LogprobFn = Callable[[Any, Any, SequenceBatch], jax.Array]
+
+
+def _joint_token_logprobs(
+    logprob_fn: LogprobFn, params: Any, frozen: Any, batch: PreferenceBatch
+) -> tuple[jax.Array, jax.Array | None]:
+    """Token log-probs of chosen (and rejected) from one call of `logprob_fn`."""
+    if batch.rejected is None:
+        return logprob_fn(params, frozen, batch.chosen), None
+    lp = logprob_fn(params, frozen, concat_sequences(batch.chosen, batch.rejected))
+    N = batch.chosen.tokens.shape[0]
+    return (
+        lp[:N, : batch.chosen.completion_mask.shape[1]],
+        lp[N:, : batch.rejected.completion_mask.shape[1]],
+    )
+
+
+def reference_logprobs(
+    logprob_fn: LogprobFn,
+    ref_params: Any,
+    frozen: Any,
+    batch: PreferenceBatch,
+    *,
+    ld_alpha: float | None = None,
+) -> tuple[jax.Array, jax.Array | None]:
+    """Reference sequence log-prob sums `[N]` of the chosen (and rejected) completions.
+
+    One call of the jitted forward `logprob_fn` (`make_logprob_fn(graphs.policy)`) on the
+    chosen and rejected sequences together. `ld_alpha` gives LD-DPO's desensitised sums (use
+    the config's `ld_alpha`). Rows without completion tokens get 0.
+
+    Args:
+      logprob_fn: `(params, frozen, SequenceBatch) -> logp[N,T]`.
+      ref_params: the reference's trainable-subset parameters (`reference_params(...)`).
+      frozen: the frozen policy parameters it shares (`state.frozen["policy"]`).
+      batch: the `PreferenceBatch`.
+      ld_alpha: LD-DPO's α, or None for plain sums.
+
+    Returns:
+      `(ref_chosen_logp[N], ref_rejected_logp[N] or None)`, float32.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> fn = lambda p, f, s: -jnp.ones(s.completion_mask.shape) * s.completion_mask
+      >>> s = SequenceBatch(jnp.ones((1, 5), jnp.int32), jnp.ones((1, 5)), jnp.array([[1, 1, 0]]))
+      >>> c, r = reference_logprobs(fn, None, None, PreferenceBatch(s, s))
+      >>> c.tolist(), r.tolist()
+      ([-2.0], [-2.0])
+    """
+    lp_c, lp_r = _joint_token_logprobs(logprob_fn, ref_params, frozen, batch)
+    m_c = jnp.asarray(batch.chosen.completion_mask)
+    if lp_r is None:
+        return losses.sequence_logprob(lp_c, m_c), None
+    m_r = jnp.asarray(batch.rejected.completion_mask)
+    if ld_alpha is not None:
+        return losses.ld_sequence_logprob(lp_c, m_c, lp_r, m_r, alpha=ld_alpha)
+    return losses.sequence_logprob(lp_c, m_c), losses.sequence_logprob(lp_r, m_r)
+
+
+def prepare_preference_batch(
+    config: PreferenceConfig,
+    batch: PreferenceBatch,
+    *,
+    logprob_fn: LogprobFn,
+    policy_params: Any,
+    ref_params: Any,
+    frozen: Any,
+    reward_moments: losses.RunningMoments | None = None,
+) -> tuple[PreferenceBatch, losses.RunningMoments | None]:
+    """Fill in what the loss needs before the step: reference log-probs, KTO's `z`, BCO's `δ`.
+
+    * reference log-probs (`reference_logprobs`) unless the loss is reference-free;
+    * KTO (`loss_type="kto"`): `z = losses.kto_reference_point` over the mismatched pairs
+      `kto_kl_sequences(batch.chosen)`, scored by the policy and the reference (no gradient;
+      TRL's batch KL estimate), stored in every row of `kl_reference_point`;
+    * BCO: the implicit rewards `β·(π − ref)` of the batch's chosen and rejected responses
+      under the current policy update the running moments (TRL updates them before the loss);
+      their mean is `reward_shift`.
+
+    Args:
+      config: the preference config.
+      batch: a `PreferenceBatch` (NumPy or JAX arrays).
+      logprob_fn: the jitted forward (`make_logprob_fn(graphs.policy, chunk_size=...)`).
+      policy_params: the current trainable policy parameters (`state.params["policy"]`).
+      ref_params: the reference's trainable-subset parameters (`reference_params(...)`).
+      frozen: the frozen policy parameters (`state.frozen["policy"]`).
+      reward_moments: BCO's running moments (`losses.init_running_moments()` at the start).
+
+    Returns:
+      `(batch, reward_moments)`: the batch as JAX arrays with the fields set, and the updated
+      moments (None unless BCO).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> fn = lambda p, f, s: -p * s.completion_mask  # a "model" whose log-probs are −p
+      >>> s = SequenceBatch(jnp.ones((2, 4), jnp.int32), jnp.ones((2, 4)), jnp.ones((2, 2)))
+      >>> b, _ = prepare_preference_batch(PreferenceConfig(loss="kto"),
+      ...     PreferenceBatch(s, labels=jnp.array([1.0, 0.0])), logprob_fn=fn,
+      ...     policy_params=0.5, ref_params=1.0, frozen=None)
+      >>> b.ref_chosen_logp.tolist(), b.kl_reference_point.tolist()  # z = max(−1 − (−2), 0)
+      ([-2.0, -2.0], [1.0, 1.0])
+    """
+    where = "prepare_preference_batch"
+    batch = jax.tree.map(jnp.asarray, batch)
+    N = batch.chosen.tokens.shape[0]
+    if config.uses_reference:
+        ref_c, ref_r = reference_logprobs(
+            logprob_fn, ref_params, frozen, batch, ld_alpha=config.ld_alpha
+        )
+        batch = batch._replace(ref_chosen_logp=ref_c, ref_rejected_logp=ref_r)
+    if config.needs_reference_point:
+        if N < 2:
+            raise ValueError(
+                f"{where}: KTO's reference point needs mismatched pairs within the batch: at "
+                f"least 2 rows, got {N}."
+            )
+        kl_seqs = kto_kl_sequences(batch.chosen)
+        m = jnp.asarray(kl_seqs.completion_mask)
+        kl_logp = losses.sequence_logprob(logprob_fn(policy_params, frozen, kl_seqs), m)
+        kl_ref = losses.sequence_logprob(logprob_fn(ref_params, frozen, kl_seqs), m)
+        z = losses.kto_reference_point(kl_logp, kl_ref, valid=_has_tokens(m))
+        batch = batch._replace(kl_reference_point=jnp.full((N,), z, jnp.float32))
+    if config.loss == "bco":
+        if reward_moments is None:
+            raise ValueError(
+                f"{where}: loss 'bco' needs `reward_moments` (losses.init_running_moments() at "
+                "the start of training, then the returned moments)."
+            )
+        pi_c, pi_r = reference_logprobs(logprob_fn, policy_params, frozen, batch)
+        beta = 0.1 if config.beta is None else config.beta  # bco_loss's default β
+        rewards = beta * jnp.concatenate(
+            [pi_c - batch.ref_chosen_logp, pi_r - batch.ref_rejected_logp]
+        )
+        valid = pair_valid(batch)
+        reward_moments = losses.running_moments_update(
+            reward_moments, rewards, jnp.concatenate([valid, valid])
+        )
+        batch = batch._replace(reward_shift=jnp.full((N,), reward_moments.mean, jnp.float32))
+    return batch, reward_moments
+
+
+def train_preference(
+    policy: nnx.Module,
+    tokenizer: Any,
+    data: str | pathlib.Path | Sequence[Any],
+    config: PreferenceConfig,
+    optim_config: Any,
+    *,
+    steps: int,
+    batch_size: int,
+    seed: int = 0,
+    data_config: Any = None,
+    on_step: Callable[[int, dict[str, float]], None] | None = None,
+) -> tuple[nnx.Module, list[dict[str, float]]]:
+    """One complete offline preference run: load, tokenize, batch, prepare, update; no I/O else.
+
+    The reference model is the initial policy (a copy of its trainable parameters, sharing the
+    frozen ones). Each step draws `batch_size` examples in a seeded, reshuffled-every-epoch order
+    (`jaxrl_llm.data.next_batch`), builds a bucketed fixed-shape `PreferenceBatch`
+    (`jaxrl_llm.data.make_preference_batch`), fills it with `prepare_preference_batch` and runs
+    the compiled update step (`config.epochs × config.minibatches` updates,
+    `optim_config.accumulation_steps` micro-batches each). Checkpoints, logging and a CLI are the
+    runner's (`jaxrl_llm.runner`).
+
+    Args:
+      policy: the policy `Decoder` (its arrays are donated to the train state: use the returned
+        model afterwards).
+      tokenizer: a `jaxrl_llm.tokenizer` tokenizer.
+      data: a JSONL path, or records (`{"prompt", "chosen", "rejected"}`; for KTO
+        `{"prompt", "completion", "label"}`), or `TokenizedPreference`s.
+      config: the `PreferenceConfig`.
+      optim_config: the `OptimConfig` (`optim:` section).
+      steps: update steps (batches).
+      batch_size: rows per batch (pairs; KTO: examples).
+      seed: data order, minibatch shuffling.
+      data_config: `jaxrl_llm.data.PreferenceDataConfig` (None: its defaults).
+      on_step: called as `on_step(step, metrics)` after every step.
+
+    Returns:
+      `(model, history)`: the trained policy (a new module) and one dict of float metrics per
+      step (the step's `pref/…`, `loss/…`, `optim/…` metrics).
+
+    Examples:
+      >>> from jaxrl_llm.data import ArithmeticConfig, arithmetic_preference_records
+      >>> from jaxrl_llm.models import Decoder, ModelConfig
+      >>> from jaxrl_llm.tokenizer import ByteTokenizer
+      >>> from jaxrl_llm.train import OptimConfig
+      >>> cfg = ModelConfig(family="qwen3", vocab_size=259, hidden_size=16, intermediate_size=32,
+      ...                   num_layers=1, num_heads=2, num_kv_heads=1, head_dim=8)
+      >>> records = arithmetic_preference_records(ArithmeticConfig(max_digits=1, train_size=8),
+      ...                                         seed=0)
+      >>> model, history = train_preference(Decoder(cfg, rngs=nnx.Rngs(0)), ByteTokenizer(),
+      ...     records, PreferenceConfig(loss="dpo"), OptimConfig(learning_rate=1e-3),
+      ...     steps=2, batch_size=4)
+      >>> len(history), "pref/accuracy" in history[0]
+      (2, True)
+    """
+    from jaxrl_llm.data import IteratorState, next_batch
+    from jaxrl_llm.data.preference import (
+        PreferenceDataConfig,
+        load_preference_data,
+        make_preference_batch,
+    )
+    from jaxrl_llm.train.logprobs import make_logprob_fn
+    from jaxrl_llm.train.optim import make_optimizer
+    from jaxrl_llm.train.params import reference_params, split_models
+    from jaxrl_llm.train.state import init_train_state
+    from jaxrl_llm.train.update import make_update_step
+
+    where = "train_preference"
+    for name, value in (("steps", steps), ("batch_size", batch_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{where}: `{name}` must be a positive int, got {value!r}.")
+    data_config = PreferenceDataConfig() if data_config is None else data_config
+    examples, _, _ = load_preference_data(
+        data, tokenizer=tokenizer, config=data_config, unpaired=not config.paired
+    )
+    graphs, params, frozen = split_models(policy)
+    tx = make_optimizer(optim_config)
+    state = init_train_state(params, frozen, tx, key=jax.random.key(seed))
+    ref = reference_params(state.params)
+    logprob_fn = make_logprob_fn(graphs.policy, chunk_size=config.chunk_size)
+    step = make_update_step(
+        preference_objective(config, graphs),
+        tx,
+        epochs=config.epochs,
+        minibatches=config.minibatches,
+        accumulation_steps=optim_config.accumulation_steps,
+        shuffle=config.shuffle,
+    )
+    order = IteratorState(seed=seed, epoch=0, position=0)
+    moments = losses.init_running_moments() if config.loss == "bco" else None
+    history: list[dict[str, float]] = []
+    for i in range(steps):
+        rows, order = next_batch(order, num_examples=len(examples), batch_size=batch_size)
+        batch = make_preference_batch(
+            [examples[j] for j in rows], pad_id=tokenizer.pad_id, config=data_config
+        )
+        batch, moments = prepare_preference_batch(
+            config,
+            batch,
+            logprob_fn=logprob_fn,
+            policy_params=state.params["policy"],
+            ref_params=ref,
+            frozen=state.frozen["policy"],
+            reward_moments=moments,
+        )
+        state, metrics = step(state, batch)
+        record = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        history.append(record)
+        if on_step is not None:
+            on_step(i, record)
+    model = nnx.merge(graphs.policy, state.params["policy"], state.frozen["policy"])
+    return model, history

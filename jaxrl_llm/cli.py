@@ -1,12 +1,21 @@
-"""`jaxrl-llm` command line: `demo [CONFIG]`, `convert CHECKPOINT [--out DIR]`, `sample CHECKPOINT`.
+"""`jaxrl-llm` command line.
 
-User errors (a bad config) print one line naming the problem and exit with status 2, without a
-traceback.
+    jaxrl-llm train CONFIG.yaml [key.sub=value ...] [--resume] [--run-dir DIR]
+    jaxrl-llm eval CONFIG.yaml [key.sub=value ...] [--checkpoint STEP|latest|none] [--run-dir DIR]
+    jaxrl-llm plan MODEL [--mesh D,F,T | --devices N] ...
+    jaxrl-llm demo [CONFIG] | convert CHECKPOINT [--out DIR] | sample CHECKPOINT --prompt TEXT
+
+User errors (a bad config, an unknown override key, a bad path, nothing to resume) print one
+line naming the problem and exit with status 2, without a traceback. A training run that stops
+because its loss diverged, or because a reward function failed under `on_failure: fail`, prints
+the diagnosis and exits with status 1; one stopped by SIGTERM / Ctrl-C checkpoints and exits
+with 128 + the signal number (143 / 130).
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from typing import Any
 
@@ -14,7 +23,12 @@ from jaxrl_llm.config import ConfigError
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="jaxrl-llm", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="jaxrl-llm",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="compare the policy losses on a toy verifiable task")
     demo.add_argument("config", nargs="?", default=None, help="YAML config (default: built in)")
@@ -25,12 +39,34 @@ def main(argv: list[str] | None = None) -> int:
     convert.add_argument("--out", default=None, help="write the checkpoint here")
     convert.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
     _add_sample_parser(sub)
-    args = parser.parse_args(argv)
+    _add_run_parsers(sub)
+    from jaxrl_llm.plan import build_parser as build_plan_parser
+
+    build_plan_parser(
+        sub.add_parser("plan", help="per-device memory and time of an RL iteration on a mesh")
+    )
+    args, unknown = parser.parse_known_args(argv)
+    if args.command in ("train", "eval"):
+        extra = [u for u in unknown if "=" in u and not u.startswith("-")]
+        unknown = [u for u in unknown if u not in extra]
+        args.overrides = [*args.overrides, *extra]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
 
     if args.command == "convert":
         return _convert(args)
     if args.command == "sample":
         return _sample(args)
+    if args.command == "train":
+        _log_to_stderr()
+        return _train(args)
+    if args.command == "eval":
+        _log_to_stderr()
+        return _eval(args)
+    if args.command == "plan":
+        from jaxrl_llm.plan import run as run_plan
+
+        return run_plan(args)
 
     if args.command == "demo":
         from jaxrl_llm import demo as demo_module
@@ -41,6 +77,106 @@ def main(argv: list[str] | None = None) -> int:
             print(f"jaxrl-llm demo: {err}", file=sys.stderr)
             return 2
         demo_module.run(config)
+    return 0
+
+
+def _add_run_parsers(sub: Any) -> None:
+    train = sub.add_parser(
+        "train", help="run a training run from a YAML config", allow_abbrev=False
+    )
+    train.add_argument("config", help="the run's YAML config (e.g. configs/grpo.yaml)")
+    train.add_argument(
+        "overrides", nargs="*", help="config overrides KEY.SUB=VALUE (values parsed as YAML)"
+    )
+    train.add_argument(
+        "--resume", action="store_true", help="continue from the run's newest checkpoint"
+    )
+    train.add_argument("--run-dir", default=None, help="run directory (default: runs/<config>)")
+    evaluate = sub.add_parser(
+        "eval", help="evaluate a run's checkpoint on the eval split", allow_abbrev=False
+    )
+    evaluate.add_argument("config", help="the run's YAML config")
+    evaluate.add_argument("overrides", nargs="*", help="config overrides KEY.SUB=VALUE")
+    evaluate.add_argument(
+        "--checkpoint", default="latest", help="a step, 'latest' (default) or 'none' (untrained)"
+    )
+    evaluate.add_argument("--run-dir", default=None, help="run directory (default: runs/<config>)")
+    evaluate.add_argument(
+        "--prompts", type=int, default=None, help="eval prompts (default: train.eval_prompts)"
+    )
+
+
+def _user_error(command: str, err: BaseException) -> int:
+    message = " ".join(str(err).split("\n")[0].split())
+    print(f"jaxrl-llm {command}: {message}", file=sys.stderr)
+    return 2
+
+
+def _resume_command(args: argparse.Namespace, run_dir: str) -> str:
+    parts = ["jaxrl-llm", "train", args.config, *args.overrides, "--resume", "--run-dir", run_dir]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def _log_to_stderr() -> None:
+    """Show the library's INFO / WARNING messages (warm start, skipped steps) on stderr.
+
+    Adds a handler only when logging is not configured yet (no root handler), so an embedding
+    application or a test harness keeps its own.
+    """
+    import logging
+
+    logger = logging.getLogger("jaxrl_llm")
+    if logger.level == logging.NOTSET:
+        logger.setLevel(logging.INFO)
+    if not logger.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        logger.addHandler(handler)
+        logger.propagate = False  # a library may configure the root logger later
+
+
+def _train(args: argparse.Namespace) -> int:
+    import signal
+
+    from jaxrl_llm.data.records import DataError
+    from jaxrl_llm.rewards import RewardFunctionError
+    from jaxrl_llm.runner import TrainingDivergedError, load_run_config, prepare_run, run_training
+
+    try:
+        config = load_run_config(args.config, args.overrides, run_dir=args.run_dir)
+        prepared = prepare_run(config, resume=args.resume)
+    except (ConfigError, DataError, ValueError) as err:
+        return _user_error("train", err)
+    try:
+        summary = run_training(prepared, resume_command=_resume_command(args, config.run_dir))
+    except (TrainingDivergedError, RewardFunctionError) as err:
+        print(f"jaxrl-llm train: {err}", file=sys.stderr)
+        return 1
+    if summary["interrupted"]:
+        return 128 + int(signal.Signals[summary["interrupted"]])
+    before, after = summary["accuracy_before_rl"], summary["accuracy_after_rl"]
+    change = "" if before is None else f"; eval accuracy {before:.3f} -> {after:.3f}"
+    print(
+        f"jaxrl-llm train: done, {summary['steps']} steps in {summary['wall_seconds']:.1f} s"
+        f"{change}; summary in {config.run_dir}/summary.json"
+    )
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from jaxrl_llm.data.records import DataError
+    from jaxrl_llm.runner import load_run_config
+    from jaxrl_llm.runner.eval_run import evaluate_run, format_eval_table, parse_checkpoint
+
+    try:
+        config = load_run_config(args.config, args.overrides, run_dir=args.run_dir)
+        label, metrics, path = evaluate_run(
+            config, checkpoint=parse_checkpoint(args.checkpoint), num_prompts=args.prompts
+        )
+    except (ConfigError, DataError, ValueError) as err:
+        return _user_error("eval", err)
+    print(format_eval_table(label, metrics))
+    print(f"written to {path}")
     return 0
 
 

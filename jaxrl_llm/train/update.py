@@ -19,6 +19,20 @@ KL between the old and the reference policy, ALGORITHMS.md §3.5, `n_steps = N`)
 
 `make_update_step` compiles it with `jax.jit(donate_argnums=0)` and, with a mesh, explicit
 `in_shardings`/`out_shardings` (`jaxrl_llm.train.shardings`).
+
+Non-finite steps (`skip_nonfinite=True`): every micro-batch's loss and gradient norm are checked
+with `jnp.isfinite`; if any is non-finite the whole step is skipped in-graph,
+
+    ok = all_micro-batches( isfinite(loss) ∧ isfinite(‖g‖) )
+    params', opt_state', kl' = where(ok, updated, before)
+
+so the parameters, the optimizer state and the KL controller come back unchanged (the step
+counter and the shuffling key still advance: the batch was consumed). The metrics then report
+`optim/skipped` (1.0 for a skipped step) and, per loss term the objective returns as
+`loss/<term>` (`policy`, `kl`, `entropy`, `value`, `total`, ...), `nonfinite/<term>` = 1.0 when
+that term was non-finite in some micro-batch, plus `nonfinite/grad_norm`. The check costs the
+previous parameters and optimizer state staying alive until the end of the step (an extra copy
+of both when the step makes more than one optimizer update).
 """
 
 from __future__ import annotations
@@ -136,6 +150,18 @@ def _applied_grad_norm(grads: Any, opt_state: Any, k: int) -> tuple[jax.Array, j
     return optax.tree.norm(mean), (i == k - 1).astype(jnp.float32)
 
 
+def _nonfinite_flags(loss: jax.Array, metrics: dict[str, jax.Array], grad_norm: jax.Array) -> dict:
+    """1.0 per non-finite loss term (`loss/<term>` metrics), total loss and gradient norm."""
+    flags = {
+        f"nonfinite/{key.split('/', 1)[1]}": value
+        for key, value in metrics.items()
+        if key.startswith("loss/")
+    }
+    flags["nonfinite/total"] = loss
+    flags["nonfinite/grad_norm"] = grad_norm
+    return {k: (~jnp.isfinite(v)).astype(jnp.float32) for k, v in flags.items()}
+
+
 def update_step(
     state: TrainState,
     batch: Any,
@@ -148,6 +174,7 @@ def update_step(
     shuffle: bool = True,
     kl_controller: losses.KLController | None = None,
     grad_fn: GradFn | None = None,
+    skip_nonfinite: bool = False,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """One update on one batch: `epochs × minibatches` optimizer updates (module docstring).
 
@@ -167,6 +194,8 @@ def update_step(
         stays as it is).
       grad_fn: replaces `loss_and_grads` (same signature without `objective`), e.g. a
         data-parallel wrapper.
+      skip_nonfinite: skip the whole step when a loss or gradient is non-finite (module
+        docstring); adds `optim/skipped` and the `nonfinite/…` flags to the metrics.
 
     Returns:
       `(new_state, metrics)`: metrics are float32 scalars reduced over all micro-batches as
@@ -188,6 +217,10 @@ def update_step(
       >>> s, m = update_step(s, b, objective=obj, optimizer=optax.sgd(0.5))
       >>> s.params["policy"]["w"].tolist(), int(s.step), round(float(m["loss/total"]), 3)
       ([1.0], 1, 1.0)
+      >>> nan = b._replace(completion_mask=jnp.full((4, 1), jnp.nan))
+      >>> s2, m = update_step(s, nan, objective=obj, optimizer=optax.sgd(0.5), skip_nonfinite=True)
+      >>> s2.params["policy"]["w"].tolist(), float(m["optim/skipped"]), float(m["nonfinite/total"])
+      ([1.0], 1.0, 1.0)
     """
     where = "update_step"
     for name, value in (
@@ -218,10 +251,11 @@ def update_step(
     def micro_step(carry: tuple[Any, Any], xs: tuple[Any, Normalizers, Normalizers]) -> Any:
         params, opt_state = carry
         micro, norms, local = xs
-        grads, _, metrics = grads_of(params, frozen, micro, norms, kl_coef)
+        grads, loss, metrics = grads_of(params, frozen, micro, norms, kl_coef)
         grad_norm, applied = _applied_grad_norm(grads, opt_state, k)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
+        flags = _nonfinite_flags(loss, metrics, optax.tree.norm(grads)) if skip_nonfinite else {}
         metrics = {**metrics, "optim/grad_norm": grad_norm}
         stats = micro_batch_stats(
             metrics,
@@ -230,6 +264,7 @@ def update_step(
             loss_weight=1.0 / k,
             optim_weight=applied,
         )
+        stats.maxes.update(flags)  # reduced by max: 1.0 if any micro-batch was non-finite
         return (params, opt_state), stats
 
     def epoch(carry: tuple[Any, Any], epoch_key: jax.Array) -> Any:
@@ -247,6 +282,16 @@ def update_step(
     kl = state.kl
     if kl_controller is not None and "kl/seq_k1" in metrics:
         kl = kl_controller.update(kl, metrics["kl/seq_k1"], N)
+    if skip_nonfinite:
+        ok = metrics["nonfinite/total"] + metrics["nonfinite/grad_norm"] == 0
+
+        def keep_if_ok(new: Any, old: Any) -> Any:
+            return jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
+
+        params = keep_if_ok(params, state.params)
+        opt_state = keep_if_ok(opt_state, state.opt_state)
+        kl = keep_if_ok(kl, state.kl)
+        metrics["optim/skipped"] = 1.0 - ok.astype(jnp.float32)
     if has_learning_rate(opt_state):
         metrics["optim/learning_rate"] = jnp.asarray(learning_rate(opt_state), jnp.float32)
     if kl_controller is not None:
@@ -273,6 +318,7 @@ def make_update_step(
     kl_controller: losses.KLController | None = None,
     mesh: Mesh | None = None,
     state_shardings: Any = None,
+    skip_nonfinite: bool = False,
 ) -> Callable[[TrainState, Any], tuple[TrainState, dict[str, jax.Array]]]:
     """`update_step` compiled with `jax.jit`, the old state donated.
 
@@ -281,8 +327,8 @@ def make_update_step(
     the batch is split along `N` over the `data` and `fsdp` axes (`ACTIVATION_AXIS_RULES`).
 
     Args:
-      objective, optimizer, epochs, minibatches, accumulation_steps, shuffle, kl_controller:
-        as for `update_step` (static: closed over).
+      objective, optimizer, epochs, minibatches, accumulation_steps, shuffle, kl_controller,
+      skip_nonfinite: as for `update_step` (static: closed over).
       mesh: optional device mesh.
       state_shardings: the `TrainState` shardings (`train_state_shardings(state, mesh,
         optimizer)`); required with a mesh.
@@ -313,6 +359,7 @@ def make_update_step(
         accumulation_steps=accumulation_steps,
         shuffle=shuffle,
         kl_controller=kl_controller,
+        skip_nonfinite=skip_nonfinite,
     )
     if mesh is None:
         return jax.jit(fn, donate_argnums=0)

@@ -1,0 +1,137 @@
+"""The training run: `jaxrl-llm train CONFIG.yaml` as a library (docs/running.md).
+
+- `config`: `RunConfig`, one frozen dataclass for a whole run (model, tokenizer, data, rewards,
+  algorithm or sft, optim, sampling, train, warm_start, checkpoint, metrics, mesh, parallel,
+  export, seed, run_dir), validated across sections on load.
+- `overrides`: `key.sub=value` command-line overrides, `load_run_config`.
+- `task`: the data tokenized once, fixed prompt / answer / completion lengths, batches.
+- `models`: tokenizer, policy, critic, export.
+- `programs`: the compiled programs, cached per process.
+- `scoring`, `rollout`: rewards (in-graph or host, overlong punishment, GDPO combination) and
+  the rollout batch of a step (with DAPO's dynamic-sampling refills).
+- `evaluate`, `eval_run`: greedy and temperature-1 accuracy, pass@k; `jaxrl-llm eval`.
+- `warm_start`: SFT before RL, cached in the run directory.
+- `preference`: offline preference runs (DPO, RPO, SimPO, CPO, ORPO, KTO) in the same loop.
+- `health`, `signals`: skipped non-finite steps and their diagnosis, degenerate batches,
+  graceful SIGTERM / Ctrl-C.
+- `context`, `setup`, `loop`: `RunContext`, `prepare_run`, `run_training`, `train`.
+"""
+
+from jaxrl_llm.runner.config import (
+    ExportConfig,
+    ModelSection,
+    OverlongConfig,
+    RunConfig,
+    TokenizerSection,
+    TrainConfig,
+    WarmStartConfig,
+    check_devices,
+    config_hash,
+    config_to_dict,
+)
+from jaxrl_llm.runner.context import RunContext
+from jaxrl_llm.runner.eval_run import evaluate_run, format_eval_table, parse_checkpoint
+from jaxrl_llm.runner.evaluate import evaluate_policy, pass_at_k
+from jaxrl_llm.runner.health import (
+    SkipTracker,
+    TrainingDivergedError,
+    degenerate_batch_warnings,
+    divergence_message,
+    nonfinite_terms,
+)
+from jaxrl_llm.runner.loop import rl_step, run_training, sft_step, train
+from jaxrl_llm.runner.models import (
+    build_critic,
+    build_policy,
+    check_vocabulary,
+    export_policy,
+    run_tokenizer,
+)
+from jaxrl_llm.runner.overrides import (
+    apply_overrides,
+    build_run_config,
+    load_run_config,
+    parse_override,
+)
+from jaxrl_llm.runner.preference import load_preference_examples, preference_step
+from jaxrl_llm.runner.programs import (
+    advantage_program,
+    logprob_program,
+    rollout_program,
+    update_program,
+    value_program,
+)
+from jaxrl_llm.runner.rollout import Collected, collect, in_graph_stop_ids
+from jaxrl_llm.runner.scoring import (
+    Scores,
+    combine_rewards,
+    component_rewards,
+    group_has_spread,
+    reward_metrics,
+)
+from jaxrl_llm.runner.setup import PreparedRun, build_context, prepare_run
+from jaxrl_llm.runner.signals import GracefulStop
+from jaxrl_llm.runner.task import TaskData, load_task, prompt_batch, sft_batch
+from jaxrl_llm.runner.warm_start import warm_start_hash, warm_start_policy
+
+__all__ = [
+    "Collected",
+    "ExportConfig",
+    "GracefulStop",
+    "ModelSection",
+    "OverlongConfig",
+    "PreparedRun",
+    "RunConfig",
+    "RunContext",
+    "Scores",
+    "SkipTracker",
+    "TaskData",
+    "TokenizerSection",
+    "TrainConfig",
+    "TrainingDivergedError",
+    "WarmStartConfig",
+    "advantage_program",
+    "apply_overrides",
+    "build_context",
+    "build_critic",
+    "build_policy",
+    "build_run_config",
+    "check_devices",
+    "check_vocabulary",
+    "collect",
+    "combine_rewards",
+    "component_rewards",
+    "config_hash",
+    "config_to_dict",
+    "degenerate_batch_warnings",
+    "divergence_message",
+    "evaluate_policy",
+    "evaluate_run",
+    "export_policy",
+    "format_eval_table",
+    "group_has_spread",
+    "in_graph_stop_ids",
+    "load_preference_examples",
+    "load_run_config",
+    "load_task",
+    "logprob_program",
+    "nonfinite_terms",
+    "parse_checkpoint",
+    "parse_override",
+    "pass_at_k",
+    "preference_step",
+    "prepare_run",
+    "prompt_batch",
+    "reward_metrics",
+    "rl_step",
+    "rollout_program",
+    "run_tokenizer",
+    "run_training",
+    "sft_batch",
+    "sft_step",
+    "train",
+    "update_program",
+    "value_program",
+    "warm_start_hash",
+    "warm_start_policy",
+]

@@ -1,0 +1,560 @@
+"""`RunConfig`: the whole training run in one frozen dataclass, built from YAML and validated on load.
+
+The component configs are embedded unchanged (`DataConfig`, `RewardConfig`, `AlgorithmConfig`,
+`SFTConfig`, `OptimConfig`, `SamplingConfig`, `CheckpointConfig`, `MetricsConfig`,
+`MeshConfig`); this module adds the sections that only a run has (`model`, `tokenizer`,
+`train`, `warm_start`, `export`) and the constraints *between* sections, checked before any
+model is built or any program compiled:
+
+    exactly one of algorithm: (RL), sft: (supervised) and preference: (offline DPO, ...)
+    grouped estimators / drop_zero_variance / decoupled rewards  need sampling.num_samples >= 2
+    algorithm.temperature == sampling.temperature (the log-probs score the sampler's policy)
+    N = prompts_per_step · G  divisible by  minibatches · accumulation_steps  and  data · fsdp
+    rewards.jax_native  only on the built-in tasks
+    rewards.combine: decoupled  only with the group estimator and no KL in the reward
+    rewards.on_failure: drop_group  not with advantage.scale: batch (filler rewards would enter
+                                    the batch std)
+    parallel: pmap  rejected (not available yet)
+
+Every error is a `ConfigError` whose message starts with the key path (`train.prompts_per_step:
+...`). `load_run_config` (`jaxrl_llm.runner.overrides`) reads the YAML and applies command-line
+overrides first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from typing import Any, Literal
+
+from jaxrl_llm.checkpoint import CheckpointConfig
+from jaxrl_llm.config import ConfigError, build  # noqa: F401 (doctests)
+from jaxrl_llm.data import DataConfig, PreferenceDataConfig, parse_source
+from jaxrl_llm.metrics_log import MetricsConfig
+from jaxrl_llm.models import ModelConfig
+from jaxrl_llm.rewards import RewardConfig
+from jaxrl_llm.sampler import SamplingConfig
+from jaxrl_llm.train import AlgorithmConfig, OptimConfig, PreferenceConfig, SFTConfig
+from jaxrl_llm.train.algorithms import GROUPED_ESTIMATORS
+from sharding import MeshConfig
+
+DType = Literal["float32", "bfloat16"]
+BUILTIN_TASKS = ("arithmetic", "sorting")
+BYTE_VOCAB = 259  # ByteTokenizer: 256 bytes + pad, bos, eos
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelSection:
+    """The `model:` section: where the policy comes from and how it computes.
+
+    Attributes:
+      checkpoint: a local Hugging Face checkpoint directory (`from_pretrained`).
+      init: a random model of this architecture (a `ModelConfig` mapping), initialised from
+        the run's `seed`; exactly one of `checkpoint` and `init`.
+      dtype: compute dtype.
+      param_dtype: storage dtype of the parameters.
+      remat: per-layer rematerialisation ("none", "full", "dots").
+      trainable: regexes of the trainable parameter paths (`split_models`; () = all).
+      frozen: regexes of parameter paths to freeze.
+      critic_checkpoint: the PPO critic (`critic.kind: model`) from this checkpoint
+        (`*ForSequenceClassification` or a causal LM whose backbone gets a fresh head); None:
+        the policy's checkpoint backbone with a fresh head, or a random critic of `init`.
+
+    Examples:
+      >>> sec = build(ModelSection, {"init": {"family": "qwen3", "vocab_size": 259,
+      ...     "hidden_size": 16, "intermediate_size": 32, "num_layers": 1, "num_heads": 2,
+      ...     "num_kv_heads": 1, "head_dim": 8}})
+      >>> sec.init.hidden_size, sec.dtype
+      (16, 'float32')
+      >>> ModelSection()
+      Traceback (most recent call last):
+      ...
+      jaxrl_llm.config.ConfigError: model: set exactly one of `checkpoint` (a local Hugging Face directory) and `init` (a random architecture), got neither.
+    """
+
+    checkpoint: str | None = None
+    init: ModelConfig | None = None
+    dtype: DType = "float32"
+    param_dtype: DType = "float32"
+    remat: Literal["none", "full", "dots"] = "none"
+    trainable: tuple[str, ...] = ()
+    frozen: tuple[str, ...] = ()
+    critic_checkpoint: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.checkpoint is None) == (self.init is None):
+            got = "both" if self.checkpoint is not None else "neither"
+            raise ConfigError(
+                "model: set exactly one of `checkpoint` (a local Hugging Face directory) and "
+                f"`init` (a random architecture), got {got}."
+            )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TokenizerSection:
+    """The `tokenizer:` section.
+
+    Attributes:
+      path: "byte" (`ByteTokenizer`, 259 ids) or a local tokenizer directory; None: the model
+        checkpoint's directory.
+      chat_template: render prompts with the tokenizer's chat template.
+
+    Examples:
+      >>> TokenizerSection().path
+      'byte'
+    """
+
+    path: str | None = "byte"
+    chat_template: bool = False
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OverlongConfig:
+    """DAPO's soft overlong punishment added to the reward (`losses.overlong_penalty`).
+
+        p(len) = 0 up to L₀ = max_length − buffer_length, then −factor·(len − L₀)/buffer_length,
+                 −factor beyond max_length
+
+    Source: "DAPO: An Open-Source LLM Reinforcement Learning System at Scale" (arXiv 2503.14476).
+
+    Attributes:
+      buffer_length: width of the linear ramp in tokens.
+      max_length: the length where the penalty reaches `−factor` (None: the sampler's
+        `max_new_tokens`).
+      factor: the penalty at `max_length`.
+
+    Examples:
+      >>> OverlongConfig(buffer_length=4).factor
+      1.0
+    """
+
+    buffer_length: int
+    max_length: int | None = None
+    factor: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.buffer_length < 1:
+            raise ConfigError(
+                f"train.overlong.buffer_length: must be >= 1, got {self.buffer_length}."
+            )
+        if self.factor < 0:
+            raise ConfigError(f"train.overlong.factor: must be >= 0, got {self.factor}.")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """The `train:` section: the loop's length, batch, evaluation, logging and safety limits.
+
+    Attributes:
+      steps: update steps of the run.
+      prompts_per_step: `B`, prompts per step (RL: `B·G` sequences; SFT: `B` pairs).
+      max_prompt_tokens: prompts longer than this (BOS included) are left out of the data
+        with a warning (None: the longest prompt sets the padded length).
+      eval_every: evaluate every this many steps (0: only before and after training).
+      eval_prompts: size of the fixed eval subset (the first examples of the eval split); 0
+        turns evaluation off.
+      eval_samples: samples per eval prompt at temperature 1 (None: `sampling.num_samples`).
+      eval_pass_k: the `k` of the reported pass@k (each <= the eval samples).
+      log_every: write metrics every this many steps (the first and last steps always).
+      max_refills: DAPO dynamic sampling (`advantage.drop_zero_variance`): extra prompt batches
+        sampled per step at most, until `B` groups with a reward spread are collected.
+      overlong: the soft overlong punishment (None: off).
+      max_consecutive_skips: stop the run after this many consecutive steps skipped for a
+        non-finite loss or gradient.
+
+    Examples:
+      >>> build(TrainConfig, {"steps": 3, "eval_pass_k": [1, 4]}).eval_pass_k
+      (1, 4)
+    """
+
+    steps: int = 100
+    prompts_per_step: int = 8
+    max_prompt_tokens: int | None = None
+    eval_every: int = 0
+    eval_prompts: int = 64
+    eval_samples: int | None = None
+    eval_pass_k: tuple[int, ...] = (1,)
+    log_every: int = 1
+    max_refills: int = 2
+    overlong: OverlongConfig | None = None
+    max_consecutive_skips: int = 3
+
+    def __post_init__(self) -> None:
+        minimum = {
+            "steps": 1,
+            "prompts_per_step": 1,
+            "eval_every": 0,
+            "eval_prompts": 0,
+            "log_every": 1,
+            "max_refills": 0,
+            "max_consecutive_skips": 1,
+        }
+        for key, low in minimum.items():
+            if getattr(self, key) < low:
+                raise ConfigError(f"train.{key}: must be >= {low}, got {getattr(self, key)}.")
+        for key in ("max_prompt_tokens", "eval_samples"):
+            value = getattr(self, key)
+            if value is not None and value < 1:
+                raise ConfigError(f"train.{key}: must be >= 1 or null, got {value}.")
+        if not self.eval_pass_k or any(k < 1 for k in self.eval_pass_k):
+            raise ConfigError(
+                f"train.eval_pass_k: must be a non-empty list of ints >= 1, got "
+                f"{list(self.eval_pass_k)}."
+            )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WarmStartConfig:
+    """The `warm_start:` section: supervised fine-tuning on the task's (prompt, answer) pairs
+    before RL, cached in the run directory (`warm_start/`) and reused by later runs of the same
+    model, tokenizer, data, seed and warm-start settings.
+
+    Attributes:
+      steps: SFT steps.
+      learning_rate: AdamW learning rate (constant, gradient clipping at 1).
+      batch_size: pairs per step.
+
+    Examples:
+      >>> WarmStartConfig(steps=50).batch_size
+      16
+    """
+
+    steps: int
+    learning_rate: float = 1e-3
+    batch_size: int = 16
+
+    def __post_init__(self) -> None:
+        for key in ("steps", "batch_size"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"warm_start.{key}: must be >= 1, got {getattr(self, key)}.")
+        if not self.learning_rate > 0:
+            raise ConfigError(f"warm_start.learning_rate: must be > 0, got {self.learning_rate}.")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ExportConfig:
+    """The `export:` section: the final policy as a Hugging Face checkpoint (`save_pretrained`).
+
+    Attributes:
+      enabled: write it at the end of the run.
+      directory: where, relative to the run directory.
+      dtype: dtype of the written tensors (None: the parameters' dtype).
+
+    Examples:
+      >>> ExportConfig().directory
+      'export'
+    """
+
+    enabled: bool = True
+    directory: str = "export"
+    dtype: DType | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    """One training run (see the module docstring for the cross-section rules).
+
+    Attributes:
+      model: the policy (`ModelSection`).
+      tokenizer: the tokenizer (`TokenizerSection`).
+      data: prompts and answers (`DataConfig`); the eval split comes from the same source.
+      rewards: reward functions, combination and failure policy (`RewardConfig`).
+      algorithm: the RL algorithm (`AlgorithmConfig`); exactly one of it, `sft` and
+        `preference`.
+      sft: a supervised fine-tuning run on (prompt, answer) pairs (`SFTConfig`).
+      preference: an offline preference run (`PreferenceConfig`: DPO, RPO, SimPO, CPO, ORPO,
+        KTO) on preference records: `data.source` `jsonl:PATH` (`{"prompt", "chosen",
+        "rejected"}`, KTO `{"prompt", "completion", "label"}`) or `arithmetic` (generated
+        pairs, `jaxrl_llm.data.arithmetic_preference_records`).
+      preference_data: tokenization of the preference records (`PreferenceDataConfig`).
+      optim: the optimizer (`OptimConfig`).
+      sampling: the rollout sampler (`SamplingConfig`); the tokenizer's EOS is always a stop
+        token and its pad id the filler.
+      train: loop settings (`TrainConfig`).
+      warm_start: optional SFT before RL (`WarmStartConfig`).
+      checkpoint: `CheckpointConfig` (checkpoints in `run_dir/checkpoints`).
+      metrics: `MetricsConfig` (metrics in `run_dir/metrics.jsonl`).
+      mesh: `MeshConfig` (default: all devices on `data`, automatic axes).
+      parallel: "jit" (the only update path available yet).
+      export: `ExportConfig`.
+      seed: seeds the model initialisation, sampling and minibatch shuffling.
+      run_dir: the run directory (the CLI's default: `runs/<config file name>`).
+
+    Examples:
+      >>> cfg = RunConfig(model=ModelSection(checkpoint="/models/qwen"), algorithm=AlgorithmConfig(),
+      ...                 sampling=SamplingConfig(num_samples=4))
+      >>> cfg.kind, cfg.group_size, cfg.rows_per_step
+      ('rl', 4, 32)
+      >>> RunConfig(model=ModelSection(checkpoint="/m"), algorithm=AlgorithmConfig())
+      Traceback (most recent call last):
+      ...
+      jaxrl_llm.config.ConfigError: sampling.num_samples: the 'group' estimator compares the samples of a prompt and needs num_samples >= 2, got 1.
+    """
+
+    model: ModelSection
+    tokenizer: TokenizerSection = dataclasses.field(default_factory=TokenizerSection)
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    rewards: RewardConfig = dataclasses.field(default_factory=RewardConfig)
+    algorithm: AlgorithmConfig | None = None
+    sft: SFTConfig | None = None
+    preference: PreferenceConfig | None = None
+    preference_data: PreferenceDataConfig = dataclasses.field(default_factory=PreferenceDataConfig)
+    optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
+    sampling: SamplingConfig = dataclasses.field(default_factory=SamplingConfig)
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    warm_start: WarmStartConfig | None = None
+    checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
+    metrics: MetricsConfig = dataclasses.field(default_factory=MetricsConfig)
+    mesh: MeshConfig = dataclasses.field(default_factory=lambda: MeshConfig(axis_types="auto"))
+    parallel: Literal["jit", "pmap"] = "jit"
+    export: ExportConfig = dataclasses.field(default_factory=ExportConfig)
+    seed: int = 0
+    run_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    @property
+    def kind(self) -> str:
+        """`"rl"` (an `algorithm:` run), `"sft"` or `"preference"`."""
+        if self.algorithm is not None:
+            return "rl"
+        return "sft" if self.sft is not None else "preference"
+
+    @property
+    def group_size(self) -> int:
+        """`G`: samples per prompt in RL steps (1 for SFT and preference runs)."""
+        return self.sampling.num_samples if self.kind == "rl" else 1
+
+    @property
+    def rows_per_step(self) -> int:
+        """Rows of one update batch: `B·G` (RL) or `B` (SFT pairs, preference examples)."""
+        return self.train.prompts_per_step * self.group_size
+
+    @property
+    def eval_samples(self) -> int:
+        """Samples per eval prompt at temperature 1."""
+        return self.train.eval_samples or self.sampling.num_samples
+
+    @property
+    def overlong_max_length(self) -> int | None:
+        """The overlong punishment's `max_length` (None when it is off)."""
+        if self.train.overlong is None:
+            return None
+        return self.train.overlong.max_length or self.sampling.max_new_tokens
+
+
+def _validate(cfg: RunConfig) -> None:
+    kinds = [k for k in ("algorithm", "sft", "preference") if getattr(cfg, k) is not None]
+    if len(kinds) != 1:
+        raise ConfigError(
+            "algorithm: set exactly one of `algorithm:` (an RL run), `sft:` (supervised "
+            f"fine-tuning) and `preference:` (offline preference training), got "
+            f"{', '.join(kinds) or 'none'}."
+        )
+    if cfg.parallel == "pmap":
+        raise ConfigError(
+            "parallel: 'pmap' (the shard_map data-parallel update) is not available yet; use "
+            "parallel: jit (one jitted step over the mesh)."
+        )
+    if cfg.seed < 0:
+        raise ConfigError(f"seed: must be >= 0, got {cfg.seed}.")
+    _validate_model(cfg)
+    if cfg.algorithm is not None:
+        _validate_algorithm(cfg, cfg.algorithm)
+    _validate_batch(cfg)
+    _validate_sampling_and_eval(cfg)
+    _validate_rewards(cfg)
+    if cfg.preference is not None:
+        _validate_preference(cfg, cfg.preference)
+
+
+def _validate_model(cfg: RunConfig) -> None:
+    if cfg.tokenizer.path is None and cfg.model.checkpoint is None:
+        raise ConfigError(
+            "tokenizer.path: null means the model checkpoint's tokenizer, but the model is "
+            "`init:` (random); set tokenizer.path to 'byte' or a tokenizer directory."
+        )
+    init = cfg.model.init
+    if init is not None and cfg.tokenizer.path == "byte" and init.vocab_size < BYTE_VOCAB:
+        raise ConfigError(
+            f"model.init.vocab_size: the byte tokenizer has {BYTE_VOCAB} token ids, the model "
+            f"only {init.vocab_size}."
+        )
+    if cfg.model.critic_checkpoint is not None:
+        critic = cfg.algorithm.critic if cfg.algorithm is not None else None
+        if critic is None or critic.kind != "model":
+            raise ConfigError(
+                "model.critic_checkpoint: only a separate critic (algorithm.critic.kind: model) "
+                "is loaded from a checkpoint."
+            )
+
+
+def _validate_batch(cfg: RunConfig) -> None:
+    rows = cfg.rows_per_step
+    name = {"rl": "algorithm", "sft": "sft", "preference": "preference"}[cfg.kind]
+    updates = getattr(cfg, name).minibatches
+    name = f"{name}.minibatches"
+    parts = updates * cfg.optim.accumulation_steps
+    if rows % parts:
+        raise ConfigError(
+            f"train.prompts_per_step: a step has {rows} rows (prompts_per_step "
+            f"{cfg.train.prompts_per_step} × {cfg.group_size} samples), not divisible into "
+            f"{name} × optim.accumulation_steps = {updates} × {cfg.optim.accumulation_steps} "
+            "equal micro-batches."
+        )
+    sizes = (cfg.mesh.data, cfg.mesh.fsdp)
+    if -1 not in sizes:
+        _check_batch_axes(cfg, sizes[0] * sizes[1])
+    if cfg.warm_start is not None and cfg.kind != "rl":
+        raise ConfigError(f"warm_start: is SFT before RL, not before a {cfg.kind} run.")
+
+
+def _check_batch_axes(cfg: RunConfig, batch_devices: int) -> None:
+    """The prompts of a step (and so its rows) split evenly over the mesh's data × fsdp axes."""
+    if cfg.train.prompts_per_step % batch_devices:
+        raise ConfigError(
+            f"train.prompts_per_step: {cfg.train.prompts_per_step} prompts do not split evenly "
+            f"over the mesh's data × fsdp = {batch_devices} devices."
+        )
+    if cfg.warm_start is not None and cfg.warm_start.batch_size % batch_devices:
+        raise ConfigError(
+            f"warm_start.batch_size: {cfg.warm_start.batch_size} pairs do not split evenly over "
+            f"the mesh's data × fsdp = {batch_devices} devices."
+        )
+
+
+def check_devices(cfg: RunConfig, device_count: int) -> tuple[int, int, int]:
+    """Resolve the mesh on `device_count` devices and check that the batches split over it.
+
+    Called when the run starts (the `-1` axis size is only known then), before compiling.
+
+    Examples:
+      >>> cfg = RunConfig(model=ModelSection(checkpoint="/m"), sft=SFTConfig(),
+      ...                 train=TrainConfig(prompts_per_step=6))
+      >>> check_devices(cfg, 1)
+      (1, 1, 1)
+      >>> check_devices(cfg, 4)
+      Traceback (most recent call last):
+      ...
+      jaxrl_llm.config.ConfigError: train.prompts_per_step: 6 prompts do not split evenly over the mesh's data × fsdp = 4 devices.
+    """
+    try:
+        data, fsdp, tensor = cfg.mesh.resolve(device_count)
+    except ValueError as err:
+        raise ConfigError(f"mesh: {err}") from None
+    _check_batch_axes(cfg, data * fsdp)
+    return data, fsdp, tensor
+
+
+def _validate_sampling_and_eval(cfg: RunConfig) -> None:
+    bad_k = [k for k in cfg.train.eval_pass_k if k > cfg.eval_samples]
+    if bad_k:
+        raise ConfigError(
+            f"train.eval_pass_k: pass@k needs k <= the eval samples per prompt "
+            f"({cfg.eval_samples}, train.eval_samples or sampling.num_samples), got {bad_k}."
+        )
+    overlong = cfg.train.overlong
+    if overlong is not None:
+        if cfg.kind != "rl":
+            raise ConfigError("train.overlong: the overlong punishment shapes RL rewards only.")
+        max_length = cfg.overlong_max_length
+        if overlong.buffer_length > max_length:
+            raise ConfigError(
+                f"train.overlong.buffer_length: must be <= max_length ({max_length}), got "
+                f"{overlong.buffer_length}."
+            )
+
+
+def _validate_algorithm(cfg: RunConfig, alg: AlgorithmConfig) -> None:
+    G = cfg.sampling.num_samples
+    estimator = alg.advantage.estimator
+    if estimator in GROUPED_ESTIMATORS and G < 2:
+        raise ConfigError(
+            f"sampling.num_samples: the {estimator!r} estimator compares the samples of a prompt "
+            f"and needs num_samples >= 2, got {G}."
+        )
+    if cfg.sampling.greedy:
+        raise ConfigError(
+            "sampling.temperature: RL samples from the policy; temperature 0 (greedy) gives no "
+            "exploration and no valid behaviour log-probs."
+        )
+    if alg.temperature != cfg.sampling.temperature:
+        raise ConfigError(
+            f"algorithm.temperature: the update scores the sampler's policy, so it must equal "
+            f"sampling.temperature ({cfg.sampling.temperature}), got {alg.temperature}."
+        )
+
+
+def _validate_rewards(cfg: RunConfig) -> None:
+    rewards = cfg.rewards
+    kind, _ = parse_source(cfg.data.source)
+    if rewards.jax_native and kind not in BUILTIN_TASKS:
+        raise ConfigError(
+            f"rewards.jax_native: the in-graph reward is for the built-in tasks "
+            f"({', '.join(BUILTIN_TASKS)}), got data.source {cfg.data.source!r}."
+        )
+    alg = cfg.algorithm
+    if alg is None:
+        return
+    decoupled_ok = alg.advantage.estimator == "group" and alg.kl.mode != "reward"
+    if rewards.combine == "decoupled" and not decoupled_ok:
+        raise ConfigError(
+            "rewards.combine: 'decoupled' (GDPO) normalises each reward within its group "
+            "and replaces the group estimator's normalisation; it needs "
+            "algorithm.advantage.estimator 'group' and no KL in the reward, got "
+            f"estimator {alg.advantage.estimator!r}, kl.mode {alg.kl.mode!r}."
+        )
+    if rewards.on_failure == "drop_group" and alg.advantage.scale == "batch":
+        raise ConfigError(
+            "rewards.on_failure: 'drop_group' keeps the dropped groups' filler rewards in the "
+            "batch, and advantage.scale 'batch' would put them into the batch std; use "
+            "on_failure 'score' or advantage.scale 'group'."
+        )
+
+
+def _validate_preference(cfg: RunConfig, pref: PreferenceConfig) -> None:
+    kind, _ = parse_source(cfg.data.source)
+    if kind not in ("arithmetic", "jsonl"):
+        raise ConfigError(
+            "data.source: preference runs read preference records from 'jsonl:PATH' or "
+            f"generate them from 'arithmetic', got {cfg.data.source!r}."
+        )
+    if pref.loss == "bco":
+        raise ConfigError(
+            "preference.loss: 'bco' is not available in the runner yet (its running reward "
+            "mean is not checkpointed); use jaxrl_llm.train.train_preference."
+        )
+    if pref.needs_reference_point and cfg.train.prompts_per_step < 2:
+        raise ConfigError(
+            "train.prompts_per_step: KTO's reference point needs mismatched pairs within a "
+            f"batch, at least 2 examples, got {cfg.train.prompts_per_step}."
+        )
+
+
+def config_to_dict(config: Any) -> Any:
+    """A config as plain JSON data: dataclasses → dicts, tuples → lists.
+
+    Examples:
+      >>> config_to_dict(TrainConfig(steps=2))["eval_pass_k"]
+      [1]
+    """
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        return {f.name: config_to_dict(getattr(config, f.name)) for f in dataclasses.fields(config)}
+    if isinstance(config, list | tuple):
+        return [config_to_dict(v) for v in config]
+    if isinstance(config, dict):
+        return {str(k): config_to_dict(v) for k, v in config.items()}
+    return config
+
+
+def config_hash(data: Any) -> str:
+    """A short stable hash of a config (or of part of one), from its JSON form.
+
+    Examples:
+      >>> config_hash(TrainConfig()) == config_hash(TrainConfig()), len(config_hash({"a": 1}))
+      (True, 16)
+    """
+    text = json.dumps(config_to_dict(data), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

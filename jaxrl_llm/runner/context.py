@@ -1,0 +1,51 @@
+"""`RunContext`: what a run fixes when it starts (everything but the train state and the data
+position), passed to the step functions. A plain NamedTuple: no methods, no mutable state.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from jax.sharding import Mesh
+
+from jaxrl_llm.runner.config import RunConfig
+from jaxrl_llm.runner.task import TaskData
+from jaxrl_llm.sampler import SamplingConfig
+from jaxrl_llm.train import ModelGraphs
+
+
+class RunContext(NamedTuple):
+    """The static parts of a run.
+
+    Attributes:
+      config: the validated `RunConfig`.
+      tokenizer: the run's tokenizer.
+      task: the tokenized data and the fixed lengths `P`, `A`, `T`.
+      graphs: the model graphs (`split_models`).
+      mesh: the device mesh every program runs under.
+      sampling: the training sampler's config, with the tokenizer's EOS among the stop tokens
+        and its pad id as the filler.
+      reward_functions: the resolved reward functions (empty with in-graph rewards).
+      reference: the frozen reference policy's trainable parameters (None without KL).
+      update: the compiled update step.
+      run_dir: the run directory.
+      preference_examples: the tokenized preference examples (`preference:` runs), else None.
+
+    Examples:
+      >>> RunContext(*([None] * 10)).run_dir is None
+      True
+    """
+
+    config: RunConfig
+    tokenizer: Any
+    task: TaskData
+    graphs: ModelGraphs
+    mesh: Mesh
+    sampling: SamplingConfig
+    reward_functions: list[Any]
+    reference: Any
+    update: Callable[..., Any]
+    run_dir: pathlib.Path
+    preference_examples: list[Any] | None = None

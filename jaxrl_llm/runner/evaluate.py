@@ -1,0 +1,154 @@
+"""Held-out evaluation: greedy accuracy, accuracy at temperature 1, and pass@k.
+
+On a fixed eval subset (the first `train.eval_prompts` examples of the eval split), in batches
+of `train.prompts_per_step` prompts (the last one padded and masked), with the correctness of
+the run's first reward function (a completion is correct when it scores >= 1, as the
+verifiers do for a right answer):
+
+    eval/accuracy_greedy   mean over prompts of correct(greedy completion)
+    eval/accuracy          mean over prompts and n samples at temperature 1
+    eval/pass@k            mean over prompts of the unbiased estimator
+                           pass@k = 1 − C(n − c, k) / C(n, k)     (c correct of n samples)
+
+The estimator is from "Evaluating Large Language Models Trained on Code" (Chen et al., arXiv
+2107.03374). `eval/accuracy` is pass@1 of the same samples. The sampling keys depend only on
+the seed and the step, so an evaluation is reproducible and does not disturb training.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxrl_llm.data import eval_batches
+from jaxrl_llm.runner.context import RunContext
+from jaxrl_llm.runner.programs import rollout_program
+from jaxrl_llm.runner.rollout import in_graph_stop_ids
+from jaxrl_llm.runner.scoring import component_rewards
+from jaxrl_llm.runner.task import prompt_batch
+from jaxrl_llm.train.shardings import batch_sharding
+
+
+def pass_at_k(num_samples: int, num_correct: np.ndarray, k: int) -> np.ndarray:
+    """Unbiased pass@k per problem: `1 − C(n − c, k) / C(n, k)` (Chen et al., arXiv 2107.03374).
+
+    Computed as `1 − Π_{i = n−c+1}^{n} (1 − k/i)` (no large binomials); 1 when `n − c < k`.
+
+    Args:
+      num_samples: `n`, samples per problem.
+      num_correct: `[M]` int, `c` correct samples of each problem.
+      k: `1 <= k <= n`.
+
+    Returns:
+      `[M]` float64.
+
+    Examples:
+      >>> pass_at_k(4, np.array([0, 1, 2, 4]), 2).round(4).tolist()
+      [0.0, 0.5, 0.8333, 1.0]
+    """
+    if not 1 <= k <= num_samples:
+        raise ValueError(f"pass_at_k: `k` must be in [1, n={num_samples}], got {k}.")
+    c = np.asarray(num_correct, np.int64)
+    if c.ndim != 1 or (c < 0).any() or (c > num_samples).any():
+        raise ValueError(
+            f"pass_at_k: `num_correct` must be [M] ints in [0, {num_samples}], got {c!r}."
+        )
+    out = np.ones(c.shape, np.float64)
+    for m, correct in enumerate(c):
+        if num_samples - correct >= k:
+            terms = 1.0 - k / np.arange(num_samples - correct + 1, num_samples + 1)
+            out[m] = 1.0 - float(np.prod(terms))
+    return out
+
+
+def _correct(
+    ctx: RunContext, batch: Any, rollout: Any, in_graph: Any, group_size: int
+) -> np.ndarray:
+    """`[B·G]` bool: the first reward function gives the completion >= 1."""
+    tokens, mask, in_graph = jax.device_get(
+        (rollout.completion_tokens, rollout.completion_mask, in_graph)
+    )
+    rewards, _, _ = component_rewards(
+        ctx.config,
+        ctx.reward_functions[:1],
+        batch,
+        tokens,
+        mask,
+        in_graph,
+        ctx.tokenizer,
+        group_size,
+    )
+    return rewards[:, 0] >= 1.0
+
+
+def evaluate_policy(
+    ctx: RunContext, params: Any, frozen: Any, key: jax.Array, *, num_prompts: int | None = None
+) -> dict[str, float]:
+    """Evaluate a policy on the eval subset (module docstring).
+
+    Args:
+      ctx: the run context.
+      params: the policy's trainable parameters.
+      frozen: its frozen parameters.
+      key: the evaluation's sampling key.
+      num_prompts: evaluate only the first this many eval examples (None: the whole subset).
+
+    Returns:
+      `{"eval/accuracy_greedy", "eval/accuracy", "eval/pass@k" for each k,
+      "eval/num_prompts", "eval/samples", "time/eval_s"}`; `{}` when the data has no eval split.
+
+    Examples:
+      >>> from types import SimpleNamespace
+      >>> no_eval_split = SimpleNamespace(task=SimpleNamespace(eval=[]))  # a RunContext's task
+      >>> evaluate_policy(no_eval_split, params=None, frozen=None, key=None)
+      {}
+    """
+    examples = ctx.task.eval[:num_prompts]
+    if not examples:
+        return {}
+    started = time.perf_counter()
+    config = ctx.config
+    B, n = config.train.prompts_per_step, config.eval_samples
+    greedy = rollout_program(
+        ctx.graphs.policy,
+        dataclasses.replace(
+            ctx.sampling, temperature=0.0, num_samples=1, top_k=None, top_p=None, min_p=None
+        ),
+        in_graph_stop_ids(ctx.config, ctx.tokenizer),
+    )
+    sampled = rollout_program(
+        ctx.graphs.policy,
+        dataclasses.replace(ctx.sampling, temperature=1.0, num_samples=n),
+        in_graph_stop_ids(ctx.config, ctx.tokenizer),
+    )
+    sharding = batch_sharding(ctx.mesh)
+    greedy_hits, sampled_hits = [], []
+    for i, (indices, valid) in enumerate(eval_batches(len(examples), B)):
+        batch = prompt_batch(ctx.task, [examples[j] for j in indices], config, ctx.tokenizer)
+        arrays = jax.device_put(
+            (batch.prompt_tokens, batch.prompt_mask, batch.answer_tokens, batch.answer_lengths),
+            sharding,
+        )
+        batch_key = jax.random.fold_in(key, i)
+        with jax.set_mesh(ctx.mesh):
+            g_rollout, g_reward = greedy(params, frozen, *arrays, batch_key)
+            s_rollout, s_reward = sampled(params, frozen, *arrays, batch_key)
+        greedy_hits.append(_correct(ctx, batch, g_rollout, g_reward, 1)[valid])
+        sampled_hits.append(_correct(ctx, batch, s_rollout, s_reward, n).reshape(B, n)[valid])
+    greedy_ok = np.concatenate(greedy_hits)
+    sampled_ok = np.concatenate(sampled_hits)
+    correct = sampled_ok.sum(axis=1)
+    metrics = {
+        "eval/accuracy_greedy": float(greedy_ok.mean()),
+        "eval/accuracy": float(sampled_ok.mean()),
+        "eval/num_prompts": float(len(examples)),
+        "eval/samples": float(n),
+    }
+    for k in config.train.eval_pass_k:
+        metrics[f"eval/pass@{k}"] = float(pass_at_k(n, correct, k).mean())
+    metrics["time/eval_s"] = time.perf_counter() - started
+    return metrics

@@ -1,0 +1,404 @@
+"""The training loop: `train(config) -> summary`, one skeleton for RL and SFT runs.
+
+Per step (RL):
+
+    rollout   collect(): prompts → sampler (G samples per prompt) → rewards → overlong
+              punishment → DAPO refills                                   `runner.rollout`
+    forwards  old-policy log-probs (when the step reuses the batch or puts KL in the reward),
+              reference log-probs (KL), old critic values (PPO)
+    batch     build_rl_batch: advantages, returns, kept groups
+    update    the compiled update step; a non-finite loss or gradient skips it in-graph
+    metrics   rewards, accuracy, response lengths, truncation, KL, entropy, clip fractions,
+              gradient norm, learning rate, tokens/s, seconds per phase → MetricsLogger
+    eval      every train.eval_every steps                                `runner.evaluate`
+    save      Checkpointer.maybe_save(step, state, meta with the data position)
+
+An SFT run (`sft:`) replaces the first three lines by one batch of (prompt, answer) pairs, a
+preference run (`preference:`) by one batch of preference examples with their reference
+log-probs (`runner.preference`).
+Before the first step (fresh runs) the policy is evaluated: `accuracy_before_rl`; after the
+last, evaluated again, checkpointed, exported (`save_pretrained`), its curves plotted, and
+`summary.json` written:
+
+    accuracy_before_rl / accuracy_after_rl            eval accuracy at temperature 1
+    greedy_accuracy_before_rl / greedy_accuracy_after_rl
+    pass_at_k_before_rl / pass_at_k_after_rl          {k: pass@k}
+    steps, wall_seconds, skipped_steps, final_metrics, run_dir, kind ("rl" / "sft")
+
+Resuming restores the newest checkpoint (parameters, optimizer state, step, shuffling key, KL
+controller, data position, skip counters); sampling and evaluation keys are functions of the
+seed and the step, so a resumed run continues bit for bit. SIGTERM / Ctrl-C finish the current
+step, write a checkpoint, and return a summary with `interrupted` set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+
+from jaxrl_llm.data import IteratorState, next_batch
+from jaxrl_llm.metrics_log import (
+    DEFAULT_PLOT_KEYS,
+    METRICS_FILE,
+    MetricsLogger,
+    plot_curves,
+    read_metrics,
+)
+from jaxrl_llm.runner.config import RunConfig, config_to_dict
+from jaxrl_llm.runner.context import RunContext
+from jaxrl_llm.runner.evaluate import evaluate_policy
+from jaxrl_llm.runner.health import (
+    SkipTracker,
+    TrainingDivergedError,
+    degenerate_batch_warnings,
+    divergence_message,
+    nonfinite_terms,
+)
+from jaxrl_llm.runner.models import export_policy
+from jaxrl_llm.runner.preference import preference_step
+from jaxrl_llm.runner.programs import advantage_program, logprob_program, value_program
+from jaxrl_llm.runner.rollout import collect
+from jaxrl_llm.runner.setup import PreparedRun, prepare_run
+from jaxrl_llm.runner.signals import GracefulStop
+from jaxrl_llm.runner.task import sft_batch
+from jaxrl_llm.train import TrainState
+from jaxrl_llm.train.shardings import batch_sharding
+
+log = logging.getLogger(__name__)
+SUMMARY_FILE = "summary.json"
+CURVES_FILE = "curves.png"
+_SAMPLE_STREAM, _EVAL_STREAM = 1, 2
+
+
+def _stream_key(seed: int, stream: int) -> jax.Array:
+    return jax.random.fold_in(jax.random.key(seed), stream)
+
+
+def _host(metrics: Mapping[str, Any]) -> dict[str, float]:
+    return {k: float(v) for k, v in jax.device_get(dict(metrics)).items()}
+
+
+def rl_step(
+    ctx: RunContext, state: TrainState, data: IteratorState, step: int
+) -> tuple[TrainState, IteratorState, dict[str, float]]:
+    """One RL step (module docstring); returns the new state, data position and metrics.
+
+    Examples:
+      >>> rl_step.__name__  # needs a prepared run: see tests/runner
+      'rl_step'
+    """
+    config, alg = ctx.config, ctx.config.algorithm
+    started = time.perf_counter()
+    key = jax.random.fold_in(_stream_key(config.seed, _SAMPLE_STREAM), step)
+    collected, data = collect(ctx, state, data, key)
+    forward_start = time.perf_counter()
+    seqs = collected.sequences
+    policy_params, policy_frozen = state.params["policy"], state.frozen["policy"]
+    logprob = logprob_program(ctx.graphs.policy, alg.temperature, alg.chunk_size)
+    batch_alg = alg
+    if config.rewards.combine == "decoupled":  # the signal is already group-normalised
+        batch_alg = dataclasses.replace(
+            alg, advantage=dataclasses.replace(alg.advantage, scale="none")
+        )
+    with jax.set_mesh(ctx.mesh):
+        reuses_batch = alg.epochs * alg.minibatches > 1
+        old = (
+            logprob(policy_params, policy_frozen, seqs)
+            if reuses_batch or alg.kl.mode == "reward"
+            else None
+        )
+        ref = logprob(ctx.reference, policy_frozen, seqs) if alg.kl.mode != "none" else None
+        values = value_program(ctx.graphs)(state.params, state.frozen, seqs) if alg.critic else None
+        batch, adv_metrics = advantage_program(batch_alg, ctx.sampling.num_samples)(
+            tokens=seqs.tokens,
+            attention_mask=seqs.attention_mask,
+            completion_mask=seqs.completion_mask,
+            rewards=collected.signal,
+            old_logp=old,
+            ref_logp=ref,
+            old_values=values,
+            rollout_logp=collected.sampling_logprobs if alg.rollout_correction else None,
+            kl_coef=state.kl.beta,
+        )
+        adv_metrics = _host(adv_metrics)
+        update_start = time.perf_counter()
+        state, metrics = ctx.update(state, batch)
+        metrics = _host(metrics)
+    done = time.perf_counter()
+    tokens = collected.metrics["rollout/completion_tokens"]
+    metrics.update(adv_metrics)
+    metrics.update(collected.metrics)
+    metrics.update(
+        {
+            "time/forward_s": update_start - forward_start,
+            "time/update_s": done - update_start,
+            "time/step_s": done - started,
+            "perf/tokens_per_sec": tokens / max(done - started, 1e-9),
+        }
+    )
+    return state, data, metrics
+
+
+def sft_step(
+    ctx: RunContext, state: TrainState, data: IteratorState, step: int
+) -> tuple[TrainState, IteratorState, dict[str, float]]:
+    """One supervised step on `train.prompts_per_step` (prompt, answer) pairs.
+
+    Examples:
+      >>> sft_step.__name__  # needs a prepared run: see tests/runner
+      'sft_step'
+    """
+    del step
+    task = ctx.task
+    started = time.perf_counter()
+    indices, data = next_batch(
+        data,
+        num_examples=len(task.sft_train),
+        batch_size=ctx.config.train.prompts_per_step,
+        shuffle=ctx.config.data.shuffle,
+    )
+    examples = [task.train[task.sft_train[i]] for i in indices]
+    batch = sft_batch(task, examples, ctx.config, ctx.tokenizer)
+    tokens = float(batch.completion_mask.sum())
+    batch = jax.device_put(batch, batch_sharding(ctx.mesh))
+    with jax.set_mesh(ctx.mesh):
+        state, metrics = ctx.update(state, batch)
+        metrics = _host(metrics)
+    done = time.perf_counter()
+    metrics.update(
+        {
+            "time/update_s": done - started,
+            "time/step_s": done - started,
+            "perf/tokens_per_sec": tokens / max(done - started, 1e-9),
+        }
+    )
+    return state, data, metrics
+
+
+def _meta(
+    config: RunConfig,
+    step: int,
+    data: IteratorState,
+    skips: SkipTracker,
+    before: Mapping[str, float],
+    wall: float,
+) -> dict[str, Any]:
+    return {
+        "step": step,
+        "data": {k: int(v) for k, v in data._asdict().items()},
+        "skips_consecutive": skips.consecutive,
+        "skips_total": skips.total,
+        "before": dict(before),
+        "wall_seconds": wall,
+        "config": config_to_dict(config),
+    }
+
+
+def _evaluation(ctx: RunContext, state: TrainState, step: int) -> dict[str, float]:
+    key = jax.random.fold_in(_stream_key(ctx.config.seed, _EVAL_STREAM), step)
+    return evaluate_policy(ctx, state.params["policy"], state.frozen["policy"], key)
+
+
+def _plot(run_dir: Any) -> None:
+    path = run_dir / METRICS_FILE
+    if not path.exists():
+        return
+    present = {k for record in read_metrics(path) for k in record}
+    keys = [k for k in (*DEFAULT_PLOT_KEYS, "sft/nll", "pref/accuracy") if k in present]
+    if keys:
+        plot_curves(path, run_dir / CURVES_FILE, keys)
+
+
+def _summary(
+    ctx: RunContext,
+    before: Mapping[str, float],
+    after: Mapping[str, float],
+    step: int,
+    wall: float,
+    skips: SkipTracker,
+    final: Mapping[str, float],
+    info: Mapping[str, Any],
+    interrupted: str | None,
+) -> dict[str, Any]:
+    def pass_k(metrics: Mapping[str, float]) -> dict[str, float]:
+        return {k.split("@")[1]: v for k, v in metrics.items() if k.startswith("eval/pass@")}
+
+    return {
+        "kind": ctx.config.kind,
+        "accuracy_before_rl": before.get("eval/accuracy"),
+        "accuracy_after_rl": after.get("eval/accuracy"),
+        "greedy_accuracy_before_rl": before.get("eval/accuracy_greedy"),
+        "greedy_accuracy_after_rl": after.get("eval/accuracy_greedy"),
+        "pass_at_k_before_rl": pass_k(before),
+        "pass_at_k_after_rl": pass_k(after),
+        "steps": step,
+        "wall_seconds": wall,
+        "skipped_steps": skips.total,
+        "interrupted": interrupted,
+        "final_metrics": dict(final),
+        "setup": dict(info),
+        "run_dir": str(ctx.run_dir),
+    }
+
+
+def run_training(prepared: PreparedRun, *, resume_command: str | None = None) -> dict[str, Any]:
+    """Run the steps of a prepared run to the end (or to a stop signal).
+
+    Args:
+      prepared: from `prepare_run`.
+      resume_command: the command that resumes this run, shown when a signal stops it.
+
+    Returns:
+      The summary (module docstring); also written to `run_dir/summary.json` at the end.
+
+    Raises:
+      TrainingDivergedError: after `train.max_consecutive_skips` consecutive skipped steps (a
+        checkpoint of the last finite state is written first).
+
+    Examples:
+      >>> run_training.__name__  # trains: see tests/runner
+      'run_training'
+    """
+    ctx, state, data, start, checkpointer, meta, skips, info = prepared
+    config = ctx.config
+    steps = config.train.steps
+    step_fn = {"rl": rl_step, "sft": sft_step, "preference": preference_step}[config.kind]
+    wall_offset = float(meta.get("wall_seconds", 0.0))
+    began = time.perf_counter()
+    before: dict[str, float] = dict(meta.get("before", {}))
+    after: dict[str, float] = {}
+    final: dict[str, float] = {}
+    step = start
+    active_warnings: set[str] = set()
+
+    def wall() -> float:
+        return wall_offset + time.perf_counter() - began
+
+    def save(at: int) -> None:
+        checkpointer.save(at, state, _meta(config, at, data, skips, before, wall()))
+
+    logger = MetricsLogger.from_config(
+        ctx.run_dir,
+        config.metrics,
+        total_steps=steps,
+        resume_step=start if meta else None,
+        run_config=config_to_dict(config),
+    )
+    try:
+        with GracefulStop() as stop, logger:
+            if not meta:
+                before = _evaluation(ctx, state, 0)
+                numeric = {k: v for k, v in info.items() if isinstance(v, int | float)}
+                logger.log(0, {**before, **numeric})
+            for step in range(start + 1, steps + 1):
+                state, data, metrics = step_fn(ctx, state, data, step)
+                skipped = metrics.get("optim/skipped", 0.0) > 0
+                skips = skips.update(skipped)
+                final = metrics
+                if (
+                    step == start + 1
+                    or step == steps
+                    or step % config.train.log_every == 0
+                    or skipped
+                ):
+                    logger.log(step, metrics)
+                warnings = degenerate_batch_warnings(metrics)
+                for warning in warnings:
+                    if warning not in active_warnings:  # once per streak
+                        log.warning("step %d: %s (not repeated while it lasts)", step, warning)
+                active_warnings = set(warnings)
+                if skipped:
+                    log.warning(
+                        "step %d skipped: non-finite %s", step, ", ".join(nonfinite_terms(metrics))
+                    )
+                    if skips.consecutive >= config.train.max_consecutive_skips:
+                        save(step)
+                        checkpointer.wait()
+                        raise TrainingDivergedError(
+                            divergence_message(
+                                step,
+                                skips.consecutive,
+                                metrics,
+                                f"step {step} in {checkpointer.directory}",
+                            )
+                        )
+                if config.train.eval_every and step % config.train.eval_every == 0 and step < steps:
+                    logger.log(step, _evaluation(ctx, state, step))
+                checkpointer.maybe_save(
+                    step, state, _meta(config, step, data, skips, before, wall())
+                )
+                if stop.requested:
+                    save(step)
+                    checkpointer.wait()
+                    hint = f"; resume with: {resume_command}" if resume_command else ""
+                    print(
+                        f"jaxrl-llm train: received {stop.signal_name}; stopped after step "
+                        f"{step} and saved a checkpoint in {checkpointer.directory}{hint}",
+                        flush=True,
+                    )
+                    return _summary(
+                        ctx, before, after, step, wall(), skips, final, info, stop.signal_name
+                    )
+            after = _evaluation(ctx, state, step)
+            if after:
+                logger.log(step, after)
+            save(step)
+            checkpointer.wait()
+    finally:
+        checkpointer.close()
+    if config.export.enabled:
+        export_policy(
+            ctx.graphs,
+            state.params["policy"],
+            state.frozen["policy"],
+            ctx.run_dir / config.export.directory,
+            config.export.dtype,
+        )
+    _plot(ctx.run_dir)
+    summary = _summary(ctx, before, after, step, wall(), skips, final, info, None)
+    (ctx.run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    return summary
+
+
+def train(config: RunConfig, *, resume: bool = False) -> dict[str, Any]:
+    """Run a whole training run: `run_training(prepare_run(config, resume=resume))`.
+
+    Args:
+      config: the validated `RunConfig` (`run_dir` set).
+      resume: continue from the newest checkpoint in `run_dir/checkpoints`.
+
+    Returns:
+      The summary written to `run_dir/summary.json` (module docstring).
+
+    Examples:
+      A two-step supervised run of a tiny random model on one-digit sums:
+
+      >>> import json, pathlib, tempfile
+      >>> from jaxrl_llm.data import ArithmeticConfig, DataConfig
+      >>> from jaxrl_llm.metrics_log import MetricsConfig
+      >>> from jaxrl_llm.models import ModelConfig
+      >>> from jaxrl_llm.runner.config import ExportConfig, ModelSection, TrainConfig
+      >>> from jaxrl_llm.sampler import SamplingConfig
+      >>> from jaxrl_llm.train import SFTConfig
+      >>> tiny = ModelConfig(family="qwen3", vocab_size=259, hidden_size=8, intermediate_size=16,
+      ...                    num_layers=1, num_heads=2, num_kv_heads=1, head_dim=4)
+      >>> config = RunConfig(
+      ...     model=ModelSection(init=tiny), sft=SFTConfig(),
+      ...     data=DataConfig(arithmetic=ArithmeticConfig(max_digits=1, train_size=8, eval_size=2)),
+      ...     sampling=SamplingConfig(max_new_tokens=4),
+      ...     train=TrainConfig(steps=2, prompts_per_step=2, eval_prompts=0),
+      ...     metrics=MetricsConfig(console=False, tensorboard=False),
+      ...     export=ExportConfig(enabled=False), run_dir=tempfile.mkdtemp())
+      >>> summary = train(config)
+      >>> summary["kind"], summary["steps"], summary["final_metrics"]["sft/nll"] > 0
+      ('sft', 2, True)
+      >>> sorted(p.name for p in pathlib.Path(config.run_dir).iterdir())
+      ['checkpoints', 'curves.png', 'metrics.jsonl', 'summary.json']
+    """
+    return run_training(prepare_run(config, resume=resume))

@@ -1,0 +1,143 @@
+"""The run's tokenizer and models: the policy (a checkpoint or a random init), the PPO critic.
+
+    policy   model.checkpoint → from_pretrained(dtype, param_dtype, remat)
+             model.init       → Decoder(init, rngs=Rngs(seed))
+    critic   algorithm.critic.kind = "head"  → ValueHead(D, rngs=Rngs(seed + 1))
+             algorithm.critic.kind = "model" → from_pretrained(model.critic_checkpoint or
+                                               model.checkpoint, head="value"), or a random
+                                               ValueModel(init, rngs=Rngs(seed + 1))
+
+Everything is deterministic in the config, so a resumed run rebuilds exactly the same initial
+models (the reference policy is the initial policy, after the warm start).
+"""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxrl_llm.config import ConfigError
+from jaxrl_llm.models import Decoder, ValueHead, ValueModel, from_pretrained, save_pretrained
+from jaxrl_llm.runner.config import RunConfig
+from jaxrl_llm.tokenizer import load_tokenizer
+from jaxrl_llm.train import ModelGraphs
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+def run_tokenizer(config: RunConfig) -> Any:
+    """The tokenizer of `config.tokenizer` (None: the model checkpoint's directory).
+
+    Examples:
+      >>> from jaxrl_llm.runner.config import ModelSection
+      >>> from jaxrl_llm.train import SFTConfig
+      >>> run_tokenizer(RunConfig(model=ModelSection(checkpoint="/m"), sft=SFTConfig())).eos_id
+      258
+    """
+    path = config.tokenizer.path if config.tokenizer.path is not None else config.model.checkpoint
+    try:
+        return load_tokenizer(path, chat_template=config.tokenizer.chat_template)
+    except (ValueError, OSError) as err:
+        raise ConfigError(f"tokenizer.path: {err}") from None
+
+
+def build_policy(config: RunConfig) -> Decoder:
+    """The initial policy (before any warm start).
+
+    Examples:
+      >>> from jaxrl_llm.runner.config import ModelSection
+      >>> from jaxrl_llm.models import ModelConfig
+      >>> from jaxrl_llm.train import SFTConfig
+      >>> init = ModelConfig(family="qwen3", vocab_size=259, hidden_size=8,
+      ...     intermediate_size=16, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=4)
+      >>> build_policy(RunConfig(model=ModelSection(init=init), sft=SFTConfig())).config.hidden_size
+      8
+    """
+    section = config.model
+    kwargs = {
+        "dtype": DTYPES[section.dtype],
+        "param_dtype": DTYPES[section.param_dtype],
+        "remat": section.remat,
+    }
+    if section.checkpoint is not None:
+        try:
+            model = from_pretrained(section.checkpoint, **kwargs)
+        except (ValueError, OSError) as err:
+            raise ConfigError(f"model.checkpoint: {err}") from None
+    else:
+        model = Decoder(section.init, **kwargs, rngs=nnx.Rngs(config.seed))
+    return model
+
+
+def build_critic(config: RunConfig, policy: Decoder) -> nnx.Module | None:
+    """The critic of a PPO-style algorithm (None without one); see the module docstring.
+
+    Examples:
+      >>> from jaxrl_llm.runner.config import ModelSection
+      >>> from jaxrl_llm.train import SFTConfig
+      >>> build_critic(RunConfig(model=ModelSection(checkpoint="/m"), sft=SFTConfig()), None) is None
+      True
+    """
+    critic = config.algorithm.critic if config.algorithm is not None else None
+    if critic is None:
+        return None
+    section = config.model
+    param_dtype = DTYPES[section.param_dtype]
+    if critic.kind == "head":
+        return ValueHead(
+            policy.config.hidden_size, param_dtype=param_dtype, rngs=nnx.Rngs(config.seed + 1)
+        )
+    kwargs = {"dtype": DTYPES[section.dtype], "param_dtype": param_dtype, "remat": section.remat}
+    path = section.critic_checkpoint or section.checkpoint
+    if path is None:
+        return ValueModel(section.init, **kwargs, rngs=nnx.Rngs(config.seed + 1))
+    key = "model.critic_checkpoint" if section.critic_checkpoint else "model.checkpoint"
+    try:
+        return from_pretrained(path, **kwargs, head="value", seed=config.seed + 1)
+    except (ValueError, OSError) as err:
+        raise ConfigError(f"{key}: {err}") from None
+
+
+def check_vocabulary(tokenizer: Any, policy: Decoder) -> None:
+    """Every token id of the tokenizer must have an embedding.
+
+    Examples:
+      >>> from types import SimpleNamespace
+      >>> from jaxrl_llm.tokenizer import ByteTokenizer
+      >>> policy = SimpleNamespace(config=SimpleNamespace(vocab_size=100))  # a Decoder's config
+      >>> check_vocabulary(ByteTokenizer(), policy)
+      Traceback (most recent call last):
+      ...
+      jaxrl_llm.config.ConfigError: tokenizer.path: the tokenizer has 259 token ids, the model's vocabulary only 100.
+    """
+    if tokenizer.vocab_size > policy.config.vocab_size:
+        raise ConfigError(
+            f"tokenizer.path: the tokenizer has {tokenizer.vocab_size} token ids, the model's "
+            f"vocabulary only {policy.config.vocab_size}."
+        )
+
+
+def export_policy(
+    graphs: ModelGraphs, params: Any, frozen: Any, path: str | pathlib.Path, dtype: str | None
+) -> pathlib.Path:
+    """Write the policy `merge(graphs.policy, params, frozen)` as a Hugging Face checkpoint.
+
+    Examples:
+      >>> import tempfile
+      >>> from jaxrl_llm.models import ModelConfig
+      >>> from jaxrl_llm.train import split_models
+      >>> cfg = ModelConfig(family="qwen3", vocab_size=259, hidden_size=8, intermediate_size=16,
+      ...                   num_layers=1, num_heads=2, num_kv_heads=1, head_dim=4)
+      >>> graphs, params, frozen = split_models(Decoder(cfg, rngs=nnx.Rngs(0)))
+      >>> out = export_policy(graphs, params["policy"], frozen["policy"], tempfile.mkdtemp(), None)
+      >>> sorted(p.name for p in out.iterdir())
+      ['config.json', 'model.safetensors']
+    """
+    policy = nnx.merge(graphs.policy, jax.device_get(params), jax.device_get(frozen))
+    path = pathlib.Path(path)
+    save_pretrained(policy, path, dtype=None if dtype is None else DTYPES[dtype])
+    return path

@@ -1,0 +1,210 @@
+"""The compiled programs of a run, cached per process by their static configuration.
+
+A run compiles a handful of programs, each once:
+
+    rollout      sample_tokens (+ the in-graph exact_answer reward)   per sampling config
+    logprob      old-policy / reference forward                      per policy graph
+    value        critic forward (PPO)                                per model graphs
+    advantages   build_rl_batch (advantages, returns, kept groups)   per algorithm and G
+    update       the donated update step (RL or SFT objective)       per objective and optimizer
+
+Weights are always arguments, never constants, so new parameters never recompile. The caches
+are keyed by hashable static values (model graph definitions, frozen configs, the mesh), so a
+second run in the same process (a notebook, the test suite, `eval` after `train`) reuses the
+programs of the first when its shapes and settings match.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import Mesh
+
+from jaxrl_llm.rewards import exact_answer_reward
+from jaxrl_llm.sampler import SamplingConfig, sample_tokens
+from jaxrl_llm.train import (
+    AlgorithmConfig,
+    ModelGraphs,
+    OptimConfig,
+    PreferenceConfig,
+    SFTConfig,
+    build_rl_batch,
+    kl_controller,
+    make_logprob_fn,
+    make_optimizer,
+    make_update_step,
+    make_value_fn,
+    preference_objective,
+    rl_objective,
+    sft_objective,
+    train_state_shardings,
+)
+
+_CACHE_SIZE = 64
+
+
+@functools.lru_cache(maxsize=_CACHE_SIZE)
+def rollout_program(
+    graphdef: Any, config: SamplingConfig, reward_stop_ids: tuple[int, ...] | None
+) -> Callable[..., Any]:
+    """`(params, frozen, prompt_tokens[B,P], prompt_mask[B,P], answer_tokens[B,A],
+    answer_lengths[B], key) -> (Rollout, correct[N] or None)`, jitted.
+
+    With `reward_stop_ids` the program also scores each row with the in-graph
+    `exact_answer_reward` (cut at the first of those stop ids); None: no reward in-graph.
+
+    Examples:
+      >>> config = SamplingConfig(max_new_tokens=3, num_samples=2)
+      >>> run = rollout_program(None, config, (258,))  # None stands for a Decoder's graphdef
+      >>> run is rollout_program(None, config, (258,))  # compiled once per static setting
+      True
+
+      `tests/runner` runs it on a model: `run(params, frozen, prompts[B,P], mask[B,P],
+      answers[B,A], answer_lengths[B], key)` gives a `Rollout` of `B·G` rows and `[B·G]`
+      0/1 rewards.
+    """
+
+    def run(
+        params: Any,
+        frozen: Any,
+        prompt_tokens: jax.Array,
+        prompt_mask: jax.Array,
+        answer_tokens: jax.Array,
+        answer_lengths: jax.Array,
+        key: jax.Array,
+    ) -> tuple[Any, jax.Array | None]:
+        state = nnx.merge_state(params, frozen)
+        rollout = sample_tokens(graphdef, state, prompt_tokens, prompt_mask, key, config=config)
+        if reward_stop_ids is None:
+            return rollout, None
+        G = config.num_samples
+        correct = exact_answer_reward(
+            rollout.completion_tokens,
+            rollout.completion_mask,
+            jnp.repeat(answer_tokens, G, axis=0),
+            jnp.repeat(answer_lengths, G, axis=0),
+            stop_ids=reward_stop_ids,
+        )
+        return rollout, correct
+
+    return jax.jit(run)
+
+
+@functools.lru_cache(maxsize=_CACHE_SIZE)
+def logprob_program(
+    graphdef: Any, temperature: float, chunk_size: int | None
+) -> Callable[..., Any]:
+    """The cached `make_logprob_fn` of a policy graph (old-policy and reference forwards).
+
+    Examples:
+      >>> logprob_program(None, 1.0, None) is logprob_program(None, 1.0, None)
+      True
+    """
+    return make_logprob_fn(graphdef, temperature=temperature, chunk_size=chunk_size)
+
+
+@functools.lru_cache(maxsize=_CACHE_SIZE)
+def value_program(graphs: ModelGraphs) -> Callable[..., Any]:
+    """The cached `make_value_fn` of the critic (the old values of PPO).
+
+    Examples:
+      >>> value_program(ModelGraphs(policy=None))
+      Traceback (most recent call last):
+      ...
+      ValueError: make_value_fn: `graphs.value` is None (no critic was split).
+    """
+    return make_value_fn(graphs)
+
+
+@functools.lru_cache(maxsize=_CACHE_SIZE)
+def advantage_program(algorithm: AlgorithmConfig, group_size: int) -> Callable[..., Any]:
+    """`build_rl_batch(algorithm, group_size=G, **arrays)` under `jax.jit`.
+
+    Examples:
+      >>> from jaxrl_llm.train import preset
+      >>> batch, metrics = advantage_program(preset("dapo"), 2)(
+      ...     tokens=jnp.ones((4, 5), jnp.int32), attention_mask=jnp.ones((4, 5)),
+      ...     completion_mask=jnp.ones((4, 2)), rewards=jnp.array([1.0, 0.0, 1.0, 1.0]),
+      ...     old_logp=None)
+      >>> float(metrics["adv/kept_frac"])
+      0.5
+    """
+    return jax.jit(functools.partial(build_rl_batch, algorithm, group_size=group_size))
+
+
+_UPDATE_CACHE: dict[Any, Callable[..., Any]] = {}
+
+
+def update_program(
+    objective_config: AlgorithmConfig | SFTConfig | PreferenceConfig,
+    graphs: ModelGraphs,
+    optim: OptimConfig,
+    mesh: Mesh,
+    state: Any,
+) -> Callable[..., Any]:
+    """The compiled, donated update step of an RL algorithm, SFT or a preference loss, with
+    non-finite skipping.
+
+    Jitted over `mesh` with the shardings of `state` (`train_state_shardings`); cached by
+    `(objective_config, graphs, optim, mesh)` plus the state's structure, which fix the
+    shardings.
+
+    Args:
+      objective_config: an `AlgorithmConfig` (RL), an `SFTConfig` or a `PreferenceConfig`.
+      graphs: the model graphs.
+      optim: the optimizer config (its `make_optimizer` built the state's optimizer state).
+      mesh: the device mesh.
+      state: a `TrainState` (concrete or abstract) of the run.
+
+    Returns:
+      `step(state, batch) -> (state, metrics)`; metrics include `optim/skipped` and the
+      `nonfinite/…` flags (`jaxrl_llm.train.update_step(skip_nonfinite=True)`).
+
+    Examples:
+      >>> from jaxrl_llm.models import Decoder, ModelConfig
+      >>> from jaxrl_llm.train import init_train_state, split_models
+      >>> from sharding import MeshConfig, make_mesh
+      >>> cfg = ModelConfig(family="qwen3", vocab_size=259, hidden_size=8, intermediate_size=16,
+      ...                   num_layers=1, num_heads=2, num_kv_heads=1, head_dim=4)
+      >>> graphs, params, frozen = split_models(Decoder(cfg, rngs=nnx.Rngs(0)))
+      >>> optim = OptimConfig(learning_rate=1e-3)
+      >>> state = init_train_state(params, frozen, make_optimizer(optim), key=jax.random.key(0))
+      >>> mesh = make_mesh(MeshConfig(axis_types="auto"), devices=jax.devices()[:1])
+      >>> step = update_program(SFTConfig(), graphs, optim, mesh, state)
+      >>> step is update_program(SFTConfig(), graphs, optim, mesh, state)
+      True
+    """
+    key = (objective_config, graphs, optim, mesh, jax.tree.structure(state))
+    if key in _UPDATE_CACHE:
+        return _UPDATE_CACHE[key]
+    optimizer = make_optimizer(optim)
+    shardings = train_state_shardings(state, mesh, optimizer)
+    controller = None
+    if isinstance(objective_config, SFTConfig):
+        objective = sft_objective(objective_config, graphs)
+    elif isinstance(objective_config, PreferenceConfig):
+        objective = preference_objective(objective_config, graphs)
+    else:
+        objective = rl_objective(objective_config, graphs)
+        controller = kl_controller(objective_config.kl)
+    schedule = {"epochs": objective_config.epochs, "minibatches": objective_config.minibatches}
+    step = make_update_step(
+        objective,
+        optimizer,
+        **schedule,
+        accumulation_steps=optim.accumulation_steps,
+        shuffle=objective_config.shuffle,
+        kl_controller=controller,
+        mesh=mesh,
+        state_shardings=shardings,
+        skip_nonfinite=True,
+    )
+    if len(_UPDATE_CACHE) >= _CACHE_SIZE:
+        _UPDATE_CACHE.pop(next(iter(_UPDATE_CACHE)))
+    _UPDATE_CACHE[key] = step
+    return step

@@ -1,0 +1,235 @@
+"""One RL step's rollout batch: prompts → sampler → rewards → (DAPO) dynamic sampling.
+
+    for r = 0 … max_refills:                             (one pass without dynamic sampling)
+        B prompts from the data iterator
+        rollout = sampler(policy, prompts, key_r)        G samples each, one compiled program
+        scores  = rewards of the rollout                 `jaxrl_llm.runner.scoring`
+        keep[B] = valid group with a reward spread
+        stop once Σ keep >= B
+    batch = the first B kept groups (`losses.select_kept_groups`), topped up with unkept ones
+            when the refills run out (those leave the loss through the advantage step's
+            zero-variance mask)
+
+Dynamic sampling is on when the algorithm drops zero-variance groups
+(`advantage.drop_zero_variance`, DAPO). Rows of groups dropped by a reward failure
+(`drop_group`) get a zero completion mask, so they leave the loss and its normalisers.
+Sampling keys are `fold_in(fold_in(key(seed), step), r)`: a pure function of the step, so a
+resumed run draws exactly what an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import losses
+from jaxrl_llm.data import IteratorState, next_batch
+from jaxrl_llm.runner.context import RunContext
+from jaxrl_llm.runner.programs import rollout_program
+from jaxrl_llm.runner.scoring import (
+    Scores,
+    combine_rewards,
+    component_rewards,
+    group_has_spread,
+    reward_metrics,
+)
+from jaxrl_llm.runner.task import prompt_batch
+from jaxrl_llm.train import SequenceBatch
+from jaxrl_llm.train.shardings import batch_sharding
+
+
+class Collected(NamedTuple):
+    """The rollout batch of one RL step (`N = B·G` rows on the devices, host scores).
+
+    Attributes:
+      sequences: `SequenceBatch` (tokens, int32 attention mask, float32 completion mask with
+        invalid rows zeroed).
+      sampling_logprobs: `[N,T]` the sampler's behaviour log-probs.
+      signal: `[N]` float32 the advantage estimator's input (`scoring`).
+      scores: the host `Scores` of the selected rows.
+      metrics: reward, response, dynamic-sampling and timing metrics.
+
+    Examples:
+      >>> Collected(None, None, None, None, {"reward/mean": 0.5}).metrics["reward/mean"]
+      0.5
+    """
+
+    sequences: SequenceBatch
+    sampling_logprobs: jax.Array
+    signal: jax.Array
+    scores: Scores
+    metrics: dict[str, float]
+
+
+def in_graph_stop_ids(config: Any, tokenizer: Any) -> tuple[int, ...] | None:
+    """The stop ids of the in-graph reward (None when rewards are scored on the host).
+
+    Examples:
+      >>> from jaxrl_llm.rewards import RewardConfig
+      >>> from jaxrl_llm.tokenizer import ByteTokenizer
+      >>> from jaxrl_llm.runner.config import ModelSection, RunConfig
+      >>> from jaxrl_llm.train import SFTConfig
+      >>> cfg = RunConfig(model=ModelSection(checkpoint="/m"), sft=SFTConfig(),
+      ...                 rewards=RewardConfig(jax_native=True))
+      >>> in_graph_stop_ids(cfg, ByteTokenizer())
+      (258,)
+    """
+    if not config.rewards.jax_native:
+        return None
+    return (tokenizer.eos_id,)
+
+
+def _sample_part(
+    ctx: RunContext, state: Any, data: IteratorState, key: jax.Array
+) -> tuple[dict[str, Any], IteratorState]:
+    """Sample and score one prompt batch (B prompts × G samples)."""
+    config, task = ctx.config, ctx.task
+    B, G = config.train.prompts_per_step, ctx.sampling.num_samples
+    indices, data = next_batch(
+        data, num_examples=len(task.train), batch_size=B, shuffle=config.data.shuffle
+    )
+    batch = prompt_batch(task, [task.train[i] for i in indices], config, ctx.tokenizer)
+    started = time.perf_counter()
+    sharding = batch_sharding(ctx.mesh)
+    arrays = jax.device_put(
+        (batch.prompt_tokens, batch.prompt_mask, batch.answer_tokens, batch.answer_lengths),
+        sharding,
+    )
+    run = rollout_program(
+        ctx.graphs.policy, ctx.sampling, in_graph_stop_ids(ctx.config, ctx.tokenizer)
+    )
+    with jax.set_mesh(ctx.mesh):
+        rollout, correct = run(state.params["policy"], state.frozen["policy"], *arrays, key)
+    completion_tokens, completion_mask, lengths, truncated, in_graph = jax.device_get(
+        (
+            rollout.completion_tokens,
+            rollout.completion_mask,
+            rollout.lengths,
+            rollout.truncated,
+            correct,
+        )
+    )
+    sampled = time.perf_counter()
+    rewards, valid, fn_metrics = component_rewards(
+        config,
+        ctx.reward_functions,
+        batch,
+        completion_tokens,
+        completion_mask,
+        in_graph,
+        ctx.tokenizer,
+        G,
+    )
+    scores = combine_rewards(config, rewards, valid, lengths, G)
+    part = {
+        "rollout": rollout,
+        "scores": scores,
+        "fn_metrics": fn_metrics,
+        "lengths": lengths,
+        "truncated": truncated,
+        "keep": group_has_spread(scores.signal, scores.valid, G),
+        "sample_s": sampled - started,
+        "reward_s": time.perf_counter() - sampled,
+    }
+    return part, data
+
+
+def _select(parts: list[dict[str, Any]], B: int, G: int) -> tuple[np.ndarray, int]:
+    """Row indices of the first `B` kept groups over all parts (unkept ones fill up)."""
+    keep = np.concatenate([p["keep"] for p in parts])
+    selection = losses.select_kept_groups(jnp.asarray(keep), num_groups=B)
+    groups = np.asarray(selection.indices)
+    rows = (groups[:, None] * G + np.arange(G)[None, :]).reshape(-1)
+    return rows, int(selection.num_kept)
+
+
+def _take(arrays: list[Any], rows: np.ndarray | None) -> Any:
+    if rows is None:
+        return arrays[0]
+    return jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=0)[rows], *arrays)
+
+
+def _host_take(values: list[np.ndarray], rows: np.ndarray | None) -> np.ndarray:
+    joined = np.concatenate(values, axis=0)
+    return joined if rows is None else joined[rows]
+
+
+def _sum_metrics(parts: list[dict[str, Any]]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for part in parts:
+        for key, value in part["fn_metrics"].items():
+            if key.endswith("/mean"):  # per-function means: average over the parts
+                out[key] = out.get(key, 0.0) + value / len(parts)
+            else:  # failure and dropped-group counts add up
+                out[key] = out.get(key, 0.0) + value
+    return out
+
+
+def collect(
+    ctx: RunContext, state: Any, data: IteratorState, key: jax.Array
+) -> tuple[Collected, IteratorState]:
+    """Sample, score and (with DAPO) refill one step's rollout batch (module docstring).
+
+    Args:
+      ctx: the run context.
+      state: the `TrainState` (its policy parameters sample).
+      data: the train iterator position.
+      key: this step's sampling key.
+
+    Returns:
+      `(Collected, data position after the prompts this step consumed)`.
+
+    Examples:
+      >>> _select([{"keep": np.array([False, True])}, {"keep": np.array([True, True])}], 2, 2)
+      (array([2, 3, 4, 5]), 3)
+    """
+    config = ctx.config
+    B, G = config.train.prompts_per_step, ctx.sampling.num_samples
+    dynamic = config.algorithm.advantage.drop_zero_variance
+    parts: list[dict[str, Any]] = []
+    for refill in range(config.train.max_refills + 1 if dynamic else 1):
+        part, data = _sample_part(ctx, state, data, jax.random.fold_in(key, refill))
+        parts.append(part)
+        if sum(int(p["keep"].sum()) for p in parts) >= B:
+            break
+    rows, kept = (None, int(parts[0]["keep"].sum())) if len(parts) == 1 else _select(parts, B, G)
+    rollout = _take([p["rollout"] for p in parts], rows)
+    scores = Scores(
+        *(_host_take([getattr(p["scores"], f) for p in parts], rows) for f in Scores._fields[:4]),
+        metrics={},
+    )
+    valid = jnp.asarray(scores.valid, jnp.float32)
+    sequences = SequenceBatch(
+        tokens=rollout.tokens,
+        attention_mask=rollout.attention_mask.astype(jnp.int32),
+        completion_mask=rollout.completion_mask.astype(jnp.float32) * valid[:, None],
+    )
+    all_scores = Scores(
+        *(np.concatenate([getattr(p["scores"], f) for p in parts]) for f in Scores._fields[:4]),
+        metrics={},
+    )
+    lengths = np.concatenate([p["lengths"] for p in parts])
+    truncated = np.concatenate([p["truncated"] for p in parts])
+    metrics = {
+        **reward_metrics(all_scores, lengths, truncated),
+        **_sum_metrics(parts),
+        "time/sample_s": sum(p["sample_s"] for p in parts),
+        "time/reward_s": sum(p["reward_s"] for p in parts),
+        "rollout/completion_tokens": float(lengths.sum()),
+    }
+    if dynamic:
+        metrics["dapo/sampled_batches"] = float(len(parts))
+        metrics["dapo/kept_groups"] = float(min(kept, B))
+        metrics["dapo/kept_groups_frac"] = kept / (B * len(parts))
+    collected = Collected(
+        sequences=sequences,
+        sampling_logprobs=rollout.sampling_logprobs,
+        signal=jnp.asarray(scores.signal, jnp.float32),
+        scores=scores,
+        metrics=metrics,
+    )
+    return collected, data

@@ -1,0 +1,176 @@
+"""Rewards of one rollout: in-graph or on the host, shaping, combination, and the signal that
+goes to the advantage estimator.
+
+Per prompt batch of `B` prompts × `G` samples:
+
+    components r[N, K]   in-graph exact_answer_reward (rewards.jax_native) or the host reward
+                         functions (`score_completions`, with the config's failure policy)
+    valid[N]             False on rows of groups dropped by `on_failure: drop_group`
+    overlong p[N]        −factor·ramp(length)  (train.overlong; DAPO's soft punishment)
+    total[N]             Σ_k w_k r_k + p                                  (reward/mean)
+    signal[N]            total                  with rewards.combine: sum
+                         Σ_k w_k·groupnorm(r_k) with rewards.combine: decoupled (GDPO, the
+                         punishment as one more component of weight 1)
+    correct[N]           first component >= 1 (the accuracy: the verifiers give 1 for a
+                         correct answer)
+
+The signal is what `build_rl_batch` turns into advantages; with `decoupled` it is already
+group-normalised, so the group estimator only centres it (its `scale` is set to "none").
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax.numpy as jnp
+import numpy as np
+
+import losses
+from jaxrl_llm.data import PromptBatch
+from jaxrl_llm.rewards import combined_advantages, score_completions
+from jaxrl_llm.runner.config import RunConfig
+
+
+class Scores(NamedTuple):
+    """Host-side rewards of `N` rows (see the module docstring).
+
+    Examples:
+      >>> s = Scores(np.ones(2), np.ones(2), np.ones(2, bool), np.ones(2, bool), {})
+      >>> s.total.tolist()
+      [1.0, 1.0]
+    """
+
+    total: np.ndarray  # [N] float32
+    signal: np.ndarray  # [N] float32
+    valid: np.ndarray  # [N] bool
+    correct: np.ndarray  # [N] bool
+    metrics: dict[str, float]
+
+
+def component_rewards(
+    config: RunConfig,
+    functions: list[Any],
+    batch: PromptBatch,
+    completion_tokens: np.ndarray,
+    completion_mask: np.ndarray,
+    in_graph: np.ndarray | None,
+    tokenizer: Any,
+    group_size: int,
+) -> tuple[np.ndarray, np.ndarray, dict[str, float]]:
+    """`(rewards[N, K], valid[N], metrics)` from the in-graph scores or the host functions.
+
+    Examples:
+      >>> from jaxrl_llm.runner.config import ModelSection
+      >>> from jaxrl_llm.train import SFTConfig
+      >>> from jaxrl_llm.rewards import RewardConfig
+      >>> cfg = RunConfig(model=ModelSection(checkpoint="/m"), sft=SFTConfig(),
+      ...                 rewards=RewardConfig(jax_native=True))
+      >>> r, valid, _ = component_rewards(cfg, [], None, None, None, np.array([1.0, 0.0]), None, 2)
+      >>> r.tolist(), valid.tolist()
+      ([[1.0], [0.0]], [True, True])
+    """
+    if in_graph is not None:
+        rewards = np.asarray(in_graph, np.float32)[:, None]
+        return rewards, np.ones(rewards.shape[0], bool), {}
+    scores = score_completions(
+        functions,
+        config.rewards,
+        examples=batch.examples,
+        prompts=batch.prompts,
+        completion_tokens=completion_tokens,
+        completion_mask=completion_mask,
+        tokenizer=tokenizer,
+        group_size=group_size,
+    )
+    return scores.rewards, scores.valid, scores.metrics
+
+
+def combine_rewards(
+    config: RunConfig,
+    rewards: np.ndarray,
+    valid: np.ndarray,
+    lengths: np.ndarray,
+    group_size: int,
+) -> Scores:
+    """Shaping and combination of `rewards[N, K]` (module docstring); metrics are filled by
+    `reward_metrics`.
+
+    Examples:
+      >>> from jaxrl_llm.runner.config import ModelSection, TrainConfig, OverlongConfig
+      >>> from jaxrl_llm.train import AlgorithmConfig
+      >>> from jaxrl_llm.sampler import SamplingConfig
+      >>> cfg = RunConfig(model=ModelSection(checkpoint="/m"), algorithm=AlgorithmConfig(),
+      ...     sampling=SamplingConfig(num_samples=2, max_new_tokens=8),
+      ...     train=TrainConfig(overlong=OverlongConfig(buffer_length=4)))
+      >>> s = combine_rewards(cfg, np.array([[1.0], [0.0]]), np.ones(2, bool), np.array([2, 6]), 2)
+      >>> s.total.tolist(), s.correct.tolist()
+      ([1.0, -0.5], [True, False])
+    """
+    rewards = np.asarray(rewards, np.float32)
+    weights = np.asarray([f.weight for f in config.rewards.functions], np.float32)
+    components, comp_weights = rewards, weights
+    if config.train.overlong is not None:
+        penalty = np.asarray(
+            losses.overlong_penalty(
+                jnp.asarray(lengths, jnp.float32),
+                max_length=config.overlong_max_length,
+                buffer_length=config.train.overlong.buffer_length,
+                factor=config.train.overlong.factor,
+            ),
+            np.float32,
+        )
+        components = np.concatenate([rewards, penalty[:, None]], axis=1)
+        comp_weights = np.concatenate([weights, np.ones(1, np.float32)])
+    total = (components * comp_weights).sum(axis=1).astype(np.float32)
+    signal = total
+    if config.rewards.combine == "decoupled":
+        signal = np.asarray(
+            combined_advantages(
+                jnp.asarray(components),
+                jnp.asarray(comp_weights),
+                group_size=group_size,
+                mode="decoupled",
+                valid=jnp.asarray(valid),
+            ),
+            np.float32,
+        )
+    correct = rewards[:, 0] >= 1.0
+    return Scores(total=total, signal=signal, valid=valid, correct=correct, metrics={})
+
+
+def group_has_spread(signal: np.ndarray, valid: np.ndarray, group_size: int) -> np.ndarray:
+    """`keep[B]`: a valid group whose signal is not constant (DAPO's dynamic-sampling filter).
+
+    Examples:
+      >>> group_has_spread(np.array([1.0, 0.0, 1.0, 1.0, 0.0, 1.0]), np.ones(6, bool), 2).tolist()
+      [True, False, True]
+    """
+    s = signal.reshape(-1, group_size)
+    v = valid.reshape(-1, group_size).all(axis=1)
+    return v & (s.max(axis=1) > s.min(axis=1))
+
+
+def reward_metrics(scores: Scores, lengths: np.ndarray, truncated: np.ndarray) -> dict[str, float]:
+    """Reward and response metrics over the rows of a step (rewards over valid rows).
+
+    Examples:
+      >>> s = Scores(np.array([1.0, 0.0]), np.array([1.0, 0.0]), np.ones(2, bool),
+      ...            np.array([True, False]), {})
+      >>> m = reward_metrics(s, np.array([2, 1]), np.array([False, False]))
+      >>> m["reward/mean"], m["reward/accuracy"], m["response/empty_frac"]
+      (0.5, 0.5, 0.5)
+    """
+    valid = scores.valid
+    total = scores.total[valid]
+    content = lengths - (~truncated).astype(lengths.dtype)  # tokens before the stop token
+    return {
+        "reward/mean": float(total.mean()) if total.size else 0.0,
+        "reward/std": float(total.std()) if total.size else 0.0,
+        "reward/accuracy": float(scores.correct[valid].mean()) if total.size else 0.0,
+        "reward/nonfinite": float((~np.isfinite(scores.total)).sum()),
+        "reward/valid_frac": float(valid.mean()),
+        "response/length_mean": float(lengths.mean()),
+        "response/length_max": float(lengths.max()),
+        "response/truncated_frac": float(truncated.mean()),
+        "response/empty_frac": float((content <= 0).mean()),
+    }

@@ -1,0 +1,253 @@
+"""Everything a run does before its first step: `prepare_run(config, resume=...)`.
+
+    mesh          make_mesh(config.mesh) after checking the batches split over it
+    tokenizer     byte or a local directory; every id must have an embedding
+    data          both splits tokenized once, P / A / T fixed (`runner.task`)
+    models        policy (+ critic), split into trainable / frozen, placed on the mesh
+    warm start    SFT before RL, cached in the run directory (`runner.warm_start`)
+    reference     a copy of the (warm-started) trainable policy parameters (KL algorithms)
+    train state   init_train_state(...), placed with train_state_shardings
+    update step   compiled lazily on the first call (`runner.programs`)
+    resume        the newest complete checkpoint: state, data position, counters
+
+All user errors (a bad path, a tokenizer / model mismatch, an existing run without
+`--resume`, nothing to resume) surface here as `ConfigError`, before any training step.
+"""
+
+from __future__ import annotations
+
+import logging
+import pathlib
+from typing import Any, NamedTuple
+
+import jax
+
+from jaxrl_llm.checkpoint import Checkpointer
+from jaxrl_llm.config import ConfigError
+from jaxrl_llm.data import IteratorState
+from jaxrl_llm.metrics_log import METRICS_FILE
+from jaxrl_llm.runner.config import RunConfig, check_devices, config_to_dict
+from jaxrl_llm.runner.context import RunContext
+from jaxrl_llm.runner.health import SkipTracker
+from jaxrl_llm.runner.models import build_critic, build_policy, check_vocabulary, run_tokenizer
+from jaxrl_llm.runner.preference import load_preference_examples
+from jaxrl_llm.runner.programs import update_program
+from jaxrl_llm.runner.task import load_task
+from jaxrl_llm.runner.warm_start import warm_start_policy
+from jaxrl_llm.train import (
+    TrainState,
+    init_train_state,
+    kl_controller,
+    make_optimizer,
+    reference_params,
+    split_models,
+    train_state_shardings,
+)
+from jaxrl_llm.train.shardings import param_shardings
+from sharding import make_mesh
+
+log = logging.getLogger(__name__)
+CHECKPOINT_DIR = "checkpoints"
+
+
+class PreparedRun(NamedTuple):
+    """A run ready for its first (or next) step.
+
+    Attributes:
+      context: the static `RunContext`.
+      state: the `TrainState` (restored when resuming).
+      data: the train iterator position.
+      start_step: steps already done (0 for a fresh run).
+      checkpointer: the run's `Checkpointer` (`run_dir/checkpoints`).
+      meta: the restored checkpoint's meta (`{}` for a fresh run).
+      skips: consecutive / total skipped steps so far.
+      info: setup facts for the summary (warm start, data left out).
+
+    Examples:
+      >>> PreparedRun(*([None] * 8))._fields[:3]
+      ('context', 'state', 'data')
+    """
+
+    context: RunContext
+    state: TrainState
+    data: IteratorState
+    start_step: int
+    checkpointer: Checkpointer
+    meta: dict[str, Any]
+    skips: SkipTracker
+    info: dict[str, Any]
+
+
+def _check_run_dir(run_dir: pathlib.Path, resume: bool) -> None:
+    """A fresh run needs an unused run directory, a resumed one a complete checkpoint.
+
+    Checked before anything is created in `run_dir`.
+    """
+    directory = run_dir / CHECKPOINT_DIR
+    latest = None
+    if directory.is_dir():
+        with Checkpointer(directory, save_every=1) as existing:
+            latest = existing.latest_step()
+    if resume and latest is None:
+        raise ConfigError(
+            f"--resume: no complete checkpoint in {directory.absolute()} to resume from; "
+            "start without --resume."
+        )
+    if not resume and (latest is not None or (run_dir / METRICS_FILE).exists()):
+        held = f"checkpoints up to step {latest}" if latest is not None else "metrics"
+        raise ConfigError(
+            f"run_dir: {run_dir} already holds a run ({held}); pass --resume to continue it, "
+            "or choose another --run-dir."
+        )
+
+
+def _sampling(config: RunConfig, tokenizer: Any) -> Any:
+    """The training sampler: the tokenizer's EOS always stops a row, its pad id fills."""
+    import dataclasses
+
+    stops = tuple(sorted({*config.sampling.stop_tokens, tokenizer.eos_id}))
+    return dataclasses.replace(config.sampling, stop_tokens=stops, pad_id=tokenizer.pad_id)
+
+
+def _split(config: RunConfig, policy: Any, critic: Any) -> tuple[Any, Any, Any]:
+    try:
+        return split_models(
+            policy, critic, trainable=config.model.trainable, frozen=config.model.frozen
+        )
+    except ValueError as err:
+        raise ConfigError(f"model.trainable / model.frozen: {err}") from None
+
+
+def _config_changes(saved: Any, current: Any, prefix: str = "") -> list[str]:
+    if isinstance(saved, dict) and isinstance(current, dict):
+        out = []
+        for key in sorted(set(saved) | set(current)):
+            out += _config_changes(saved.get(key), current.get(key), f"{prefix}{key}.")
+        return out
+    return [] if saved == current else [prefix.rstrip(".")]
+
+
+def prepare_run(config: RunConfig, *, resume: bool = False) -> PreparedRun:
+    """Set up a run (module docstring) without training a step.
+
+    Args:
+      config: the validated run config (`run_dir` set).
+      resume: continue from the newest complete checkpoint in `run_dir/checkpoints`.
+
+    Returns:
+      A `PreparedRun`.
+
+    Raises:
+      ConfigError: a user error (named), e.g. a run directory that already holds a run without
+        `resume`, or `resume` with nothing to resume.
+
+    Examples:
+      >>> from jaxrl_llm.runner.config import ModelSection
+      >>> from jaxrl_llm.train import SFTConfig
+      >>> prepare_run(RunConfig(model=ModelSection(checkpoint="/m"), sft=SFTConfig()))
+      Traceback (most recent call last):
+      ...
+      jaxrl_llm.config.ConfigError: run_dir: not set; pass --run-dir or set run_dir in the config.
+    """
+    if config.run_dir is None:
+        raise ConfigError("run_dir: not set; pass --run-dir or set run_dir in the config.")
+    if jax.process_count() > 1:
+        raise ConfigError(
+            "the training loop runs in one process; multi-host runs (jax.process_count() = "
+            f"{jax.process_count()}) are not supported yet."
+        )
+    check_devices(config, jax.device_count())
+    mesh = make_mesh(config.mesh)
+    run_dir = pathlib.Path(config.run_dir)
+    _check_run_dir(run_dir, resume)
+    with jax.set_mesh(mesh):  # placing and initialising sharded arrays needs the mesh
+        context, state, info = build_context(config, mesh, run_dir)
+    checkpointer = Checkpointer.from_config(run_dir / CHECKPOINT_DIR, config.checkpoint)
+    data = IteratorState(seed=config.data.seed, epoch=0, position=0)
+    start, meta, skips = 0, {}, SkipTracker()
+    if resume:
+        with jax.set_mesh(mesh):
+            state, meta = checkpointer.restore(target_state=state)
+        data = IteratorState.from_dict(meta["data"])
+        start = int(meta["step"])
+        skips = SkipTracker(int(meta["skips_consecutive"]), int(meta["skips_total"]))
+        changed = _config_changes(meta.get("config", {}), config_to_dict(config))
+        changed = [k for k in changed if k not in ("train.steps", "run_dir")]
+        if changed:
+            log.warning(
+                "resuming step %d with a config that differs from the checkpoint's in: %s",
+                start,
+                ", ".join(changed),
+            )
+    return PreparedRun(context, state, data, start, checkpointer, meta, skips, info)
+
+
+def build_context(
+    config: RunConfig, mesh: Any, run_dir: pathlib.Path, *, with_warm_start: bool = True
+) -> tuple[RunContext, TrainState, dict[str, Any]]:
+    """The run context, the initial train state (placed on `mesh`) and setup facts.
+
+    Args:
+      config: the run config.
+      mesh: the device mesh.
+      run_dir: the run directory.
+      with_warm_start: run (or load) the configured warm start; False starts from the model as
+        configured (e.g. to evaluate a checkpoint, whose parameters replace these anyway).
+
+    Returns:
+      `(context, state, info)`.
+
+    Examples:
+      >>> build_context.__name__  # builds models: see tests/runner
+      'build_context'
+    """
+    tokenizer = run_tokenizer(config)
+    policy = build_policy(config)
+    check_vocabulary(tokenizer, policy)
+    critic = build_critic(config, policy)
+    task = load_task(config, tokenizer)
+    graphs, params, frozen = _split(config, policy, critic)
+    params = jax.device_put(params, param_shardings(params, mesh))
+    frozen = jax.device_put(frozen, param_shardings(frozen, mesh))
+    info: dict[str, Any] = {
+        "data/too_long_prompts_train": task.too_long_prompts["train"],
+        "data/too_long_prompts_eval": task.too_long_prompts["eval"],
+        "data/too_long_answers": task.too_long_answers,
+    }
+    if config.warm_start is not None and with_warm_start:
+        params["policy"], ws_info = warm_start_policy(
+            config, task, tokenizer, graphs, params["policy"], frozen["policy"], mesh, run_dir
+        )
+        info.update(ws_info)
+    algorithm = config.algorithm
+    preference_examples = None
+    if config.preference is not None:
+        preference_examples, pref_info = load_preference_examples(config, tokenizer)
+        info.update(pref_info)
+    uses_reference = (algorithm is not None and algorithm.kl.mode != "none") or (
+        config.preference is not None and config.preference.uses_reference
+    )
+    reference = reference_params(params) if uses_reference else None
+    optimizer = make_optimizer(config.optim)
+    controller_state = kl_controller(algorithm.kl).init() if algorithm is not None else None
+    state = init_train_state(
+        params, frozen, optimizer, key=jax.random.key(config.seed), kl=controller_state
+    )
+    state = jax.device_put(state, train_state_shardings(state, mesh, optimizer))
+    objective = algorithm or config.sft or config.preference
+    update = update_program(objective, graphs, config.optim, mesh, state)
+    functions = [] if config.rewards.jax_native else config.rewards.resolve()
+    context = RunContext(
+        config=config,
+        tokenizer=tokenizer,
+        task=task,
+        graphs=graphs,
+        mesh=mesh,
+        sampling=_sampling(config, tokenizer),
+        reward_functions=functions,
+        reference=reference,
+        update=update,
+        run_dir=run_dir,
+        preference_examples=preference_examples,
+    )
+    return context, state, info

@@ -1,0 +1,104 @@
+"""Evaluation: the pass@k estimator against its definition, and `jaxrl-llm eval` on a run."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from jaxrl_llm.cli import main
+from jaxrl_llm.models import from_pretrained
+from jaxrl_llm.runner import pass_at_k
+from jaxrl_llm.sampler import generate
+from jaxrl_llm.tokenizer import ByteTokenizer
+from tests.runner.helpers import CONFIGS, TINY, even_checksum
+
+GRPO = str(CONFIGS / "grpo.yaml")
+
+
+def _pass_at_k_by_enumeration(n, c, k):
+    """The fraction of the k-subsets of n samples (c of them correct) holding a correct one."""
+    samples = [True] * c + [False] * (n - c)
+    subsets = list(itertools.combinations(range(n), k))
+    return np.float64(sum(any(samples[i] for i in s) for s in subsets)) / len(subsets)
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 8])
+def test_pass_at_k_equals_its_definition(n):
+    for k in range(1, n + 1):
+        correct = np.arange(n + 1)
+        expected = [_pass_at_k_by_enumeration(n, c, k) for c in correct]
+        np.testing.assert_allclose(pass_at_k(n, correct, k), expected, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(pass_at_k(n, np.arange(n + 1), 1), np.arange(n + 1) / n)
+
+
+def test_pass_at_k_rejects_bad_input():
+    with pytest.raises(ValueError, match="`k` must be in"):
+        pass_at_k(4, np.array([1]), 5)
+    with pytest.raises(ValueError, match="`num_correct` must be"):
+        pass_at_k(4, np.array([5]), 1)
+
+
+def test_eval_command_on_a_trained_run(tmp_path, capsys):
+    """Five eval prompts in batches of two (the last one padded), correct = an even byte sum:
+    the greedy accuracy equals an independent greedy decode scored with the same reward;
+    pass@1 is the sampled accuracy."""
+    overrides = [
+        *TINY,
+        "rewards.functions=[{fn: 'tests.runner.helpers:even_checksum'}]",
+        "data.arithmetic.eval_size=5",
+        "train.eval_prompts=5",
+    ]
+    assert main(["train", GRPO, *overrides, "--run-dir", str(tmp_path)]) == 0
+    capsys.readouterr()
+    assert main(["eval", GRPO, *overrides, "--run-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].split() == ["checkpoint", "2"]
+    assert "eval/accuracy_greedy" in out and "eval/pass@2" in out
+    result = json.loads((tmp_path / "eval" / "step_2.json").read_text())
+    assert result["checkpoint"] == "2" and result["eval/num_prompts"] == 5.0
+    assert result["eval/pass@1"] == pytest.approx(result["eval/accuracy"], abs=1e-12)
+    assert result["eval/pass@2"] >= result["eval/pass@1"]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["greedy_accuracy_after_rl"] == result["eval/accuracy_greedy"]
+
+    # the greedy accuracy, recomputed with the public sampler on the exported policy
+    from jaxrl_llm.runner import load_run_config, load_task
+
+    config = load_run_config(GRPO, overrides, run_dir=tmp_path)
+    tokenizer = ByteTokenizer()
+    task = load_task(config, tokenizer)
+    policy = from_pretrained(tmp_path / "export")
+    rows = [tokenizer.encode(e["prompt"]) for e in task.eval]
+    rollout = generate(
+        policy,
+        rows,
+        max_new_tokens=4,
+        key=jax.random.key(0),
+        temperature=0.0,
+        stop_tokens=[tokenizer.eos_id],
+        pad_id=tokenizer.pad_id,
+    )
+    texts = []
+    for tokens, length, truncated in zip(
+        np.asarray(rollout.completion_tokens),
+        np.asarray(rollout.lengths),
+        np.asarray(rollout.truncated),
+        strict=True,
+    ):
+        ids = tokens[:length].tolist()
+        texts.append(tokenizer.decode(ids if truncated else ids[:-1], skip_special=False))
+    prompts = [e["prompt"] for e in task.eval]
+    expected = np.mean(np.asarray(even_checksum(prompts, texts)) >= 1.0)
+    assert 0.0 < expected < 1.0  # a check that tells prompts apart
+    assert result["eval/accuracy_greedy"] == pytest.approx(expected)
+
+    assert main(["eval", GRPO, *overrides, "--checkpoint", "none", "--run-dir", str(tmp_path)]) == 0
+    initial = json.loads((tmp_path / "eval" / "step_initial.json").read_text())
+    assert initial["eval/accuracy_greedy"] == summary["greedy_accuracy_before_rl"]
+    capsys.readouterr()
+    assert main(["eval", GRPO, *overrides, "--checkpoint", "7", "--run-dir", str(tmp_path)]) == 2
+    assert "step 7 has no complete checkpoint" in capsys.readouterr().err

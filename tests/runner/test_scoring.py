@@ -1,0 +1,176 @@
+"""Reward shaping and combination, DAPO's group selection and refills, warm start caching."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import jax
+import numpy as np
+
+from jaxrl_llm.cli import main
+from jaxrl_llm.data import IteratorState
+from jaxrl_llm.runner import load_run_config, prepare_run
+from jaxrl_llm.runner.rollout import _select, collect
+from jaxrl_llm.runner.scoring import combine_rewards, group_has_spread
+from tests.runner.helpers import CONFIGS, SFT_OPTIM, TINY, records
+
+GRPO = str(CONFIGS / "grpo.yaml")
+DAPO = str(CONFIGS / "dapo.yaml")
+
+
+def _config(*overrides, path=GRPO):
+    return load_run_config(path, [*TINY, *overrides], run_dir="unused")
+
+
+def _overlong_reference(lengths, max_length, buffer, factor):
+    start = max_length - buffer
+    return np.where(
+        lengths <= start,
+        0.0,
+        np.where(lengths > max_length, -factor, -factor * (lengths - start) / buffer),
+    )
+
+
+def test_sum_of_weighted_rewards_plus_overlong_punishment():
+    cfg = _config(
+        "rewards.functions=[{fn: exact_answer, weight: 2.0}, {fn: tag_format, weight: 0.5}]",
+        "train.overlong={buffer_length: 2, factor: 0.5}",
+    )
+    rng = np.random.default_rng(0)
+    rewards = rng.integers(0, 2, (8, 2)).astype(np.float64)
+    lengths = np.array([1, 2, 3, 4, 4, 3, 2, 1])
+    scores = combine_rewards(cfg, rewards, np.ones(8, bool), lengths, 2)
+    expected = 2.0 * rewards[:, 0] + 0.5 * rewards[:, 1] + _overlong_reference(lengths, 4, 2, 0.5)
+    np.testing.assert_allclose(scores.total, expected, rtol=1e-6)
+    np.testing.assert_array_equal(scores.signal, scores.total)
+    np.testing.assert_array_equal(scores.correct, rewards[:, 0] >= 1)
+
+
+def test_decoupled_combination_normalises_each_reward_in_its_group():
+    cfg = _config(
+        "rewards.functions=[{fn: exact_answer, weight: 1.0}, {fn: tag_format, weight: 0.3}]",
+        "rewards.combine=decoupled",
+        "sampling.num_samples=4",
+        "train.eval_pass_k=[1]",
+    )
+    rng = np.random.default_rng(1)
+    rewards = rng.normal(size=(8, 2))
+    scores = combine_rewards(cfg, rewards, np.ones(8, bool), np.full(8, 2), 4)
+    grouped = rewards.reshape(2, 4, 2)
+    normed = (grouped - grouped.mean(1, keepdims=True)) / (
+        grouped.std(1, ddof=1, keepdims=True) + 1e-6
+    )
+    expected = (normed * np.array([1.0, 0.3])).sum(-1).reshape(8)
+    np.testing.assert_allclose(scores.signal, expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(scores.total, rewards @ np.array([1.0, 0.3]), rtol=1e-6)
+
+
+def test_group_selection_takes_the_first_kept_groups():
+    keep = group_has_spread(np.array([1.0, 1.0, 0.0, 1.0, 2.0, 2.0]), np.ones(6, bool), 2)
+    assert keep.tolist() == [False, True, False]
+    assert not group_has_spread(np.array([0.0, 1.0]), np.array([True, False]), 2)[0]
+    parts = [{"keep": np.array([False, True])}, {"keep": np.array([False, True])}]
+    rows, kept = _select(parts, 2, 3)
+    assert rows.tolist() == [3, 4, 5, 9, 10, 11] and kept == 2
+    rows, kept = _select(
+        [{"keep": np.array([False, False])}, {"keep": np.array([True, False])}], 2, 1
+    )
+    assert rows.tolist() == [2, 0] and kept == 1  # one kept group, topped up with the first unkept
+
+
+def _collect(tmp_path, *overrides):
+    config = load_run_config(DAPO, [*TINY, *overrides], run_dir=tmp_path)
+    prepared = prepare_run(config)
+    prepared.checkpointer.close()
+    start = IteratorState(seed=0, epoch=0, position=0)
+    return collect(prepared.context, prepared.state, start, jax.random.key(0))
+
+
+def test_dapo_refills_until_enough_groups_have_a_spread(tmp_path):
+    constant = "rewards.functions=[{fn: exact_answer}]"  # a random model: all 0, no spread
+    collected, position = _collect(tmp_path / "a", constant, "train.max_refills=2")
+    assert collected.metrics["dapo/sampled_batches"] == 3.0  # 1 + 2 refills, none kept
+    assert collected.metrics["dapo/kept_groups"] == 0.0
+    assert position == IteratorState(seed=0, epoch=0, position=6)  # 3 batches of 2 prompts
+    assert np.asarray(collected.sequences.tokens).shape[0] == 4  # still B·G rows
+
+    collected, position = _collect(tmp_path / "b")  # the checksum reward: most groups spread
+    batches = collected.metrics["dapo/sampled_batches"]
+    assert collected.metrics["dapo/kept_groups"] == 2.0 and batches < 3
+    assert position.position == 2 * batches  # stopped as soon as 2 groups were kept
+    signal = np.asarray(collected.signal).reshape(2, 2)
+    assert np.all(signal.max(1) > signal.min(1))  # the selected groups are the kept ones
+
+
+def test_warm_start_is_cached_and_reused(tmp_path):
+    overrides = [
+        *TINY,
+        "warm_start={steps: 10, learning_rate: 1.0e-2, batch_size: 2}",
+        "train.steps=1",
+    ]
+    assert main(["train", GRPO, *overrides, "--run-dir", str(tmp_path)]) == 0
+    first = json.loads((tmp_path / "summary.json").read_text())
+    setup = first["setup"]
+    assert setup["warm_start/cached"] == 0.0
+    assert setup["warm_start/nll_last"] < setup["warm_start/nll_first"] - 0.5
+    # a later run of the same config in this run directory loads the fine-tuned parameters
+    for entry in ("checkpoints", "metrics.jsonl", "summary.json", "export"):
+        path = tmp_path / entry
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    assert main(["train", GRPO, *overrides, "--run-dir", str(tmp_path)]) == 0
+    second = json.loads((tmp_path / "summary.json").read_text())
+    assert second["setup"]["warm_start/cached"] == 1.0
+    assert second["setup"]["warm_start/nll_last"] == setup["warm_start/nll_last"]
+    assert second["accuracy_before_rl"] == first["accuracy_before_rl"]
+    before = [r for r in records(tmp_path) if r["step"] == 0]
+    assert before and before[0]["eval/accuracy_greedy"] == first["greedy_accuracy_before_rl"]
+    # another warm-start config trains again and replaces the cache
+    for entry in ("checkpoints", "metrics.jsonl", "summary.json", "export"):
+        path = tmp_path / entry
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    changed = [*overrides, "warm_start.steps=3"]
+    assert main(["train", GRPO, *changed, "--run-dir", str(tmp_path)]) == 0
+    third = json.loads((tmp_path / "summary.json").read_text())
+    assert third["setup"]["warm_start/cached"] == 0.0
+    assert len(list((tmp_path / "warm_start").iterdir())) == 1
+
+
+def test_sft_and_warm_start_share_the_optimizer_settings():
+    """The tests' SFT run and warm start compile one SFT step (same optimizer and shapes)."""
+    sft = load_run_config(CONFIGS / "sft.yaml", [*TINY, *SFT_OPTIM], run_dir="x")
+    from jaxrl_llm.train import OptimConfig
+
+    assert sft.optim == OptimConfig(name="adamw", learning_rate=1e-2, max_grad_norm=1.0)
+
+
+def test_prompts_over_the_budget_and_answers_over_t_are_left_out(caplog):
+    from jaxrl_llm.runner import load_task, prompt_batch
+    from jaxrl_llm.tokenizer import ByteTokenizer
+
+    config = load_run_config(
+        CONFIGS / "sft.yaml",
+        [
+            *TINY,
+            "data.arithmetic.max_digits=2",
+            "data.arithmetic.train_size=64",
+            "data.arithmetic.eval_size=8",
+            "train.max_prompt_tokens=5",  # BOS + "a+b=": one-digit operands only
+            "sampling.max_new_tokens=2",  # answer + EOS: one-digit sums only
+        ],
+        run_dir="unused",
+    )
+    tokenizer = ByteTokenizer()
+    with caplog.at_level("WARNING", logger="jaxrl_llm"):
+        task = load_task(config, tokenizer)
+    assert task.prompt_length == 5
+    assert all(len(e["prompt"]) == 4 for e in task.train + task.eval)
+    assert task.too_long_prompts["train"] + len(task.train) == 64
+    assert (
+        task.too_long_prompts["train"] > 0
+        and "longer than train.max_prompt_tokens=5" in caplog.text
+    )
+    fits = [len(task.train[i]["answer"]) == 1 for i in task.sft_train]
+    assert all(fits) and task.too_long_answers == len(task.train) - len(task.sft_train) > 0
+    batch = prompt_batch(task, task.train[:3], config, tokenizer)
+    assert batch.prompt_tokens.shape == (3, 5) and batch.prompt_mask.all()

@@ -39,7 +39,7 @@ from jaxrl_llm.runner.health import (
     divergence_message,
     nonfinite_terms,
 )
-from jaxrl_llm.runner.loop import rl_step, run_training, sft_step, train
+from jaxrl_llm.runner.loop import run_training, train
 from jaxrl_llm.runner.models import (
     build_critic,
     build_policy,
@@ -53,7 +53,7 @@ from jaxrl_llm.runner.overrides import (
     load_run_config,
     parse_override,
 )
-from jaxrl_llm.runner.preference import load_preference_examples, preference_step
+from jaxrl_llm.runner.preference import load_preference_examples
 from jaxrl_llm.runner.programs import (
     advantage_program,
     logprob_program,
@@ -119,16 +119,13 @@ __all__ = [
     "parse_checkpoint",
     "parse_override",
     "pass_at_k",
-    "preference_step",
     "prepare_run",
     "prompt_batch",
     "reward_metrics",
-    "rl_step",
     "rollout_program",
     "run_tokenizer",
     "run_training",
     "sft_batch",
-    "sft_step",
     "train",
     "update_program",
     "value_program",

@@ -61,7 +61,7 @@ from jaxrl_llm.runner.health import (
     nonfinite_terms,
 )
 from jaxrl_llm.runner.models import export_policy
-from jaxrl_llm.runner.preference import preference_step
+from jaxrl_llm.runner.preference import _preference_step
 from jaxrl_llm.runner.programs import advantage_program, logprob_program, value_program
 from jaxrl_llm.runner.rollout import collect
 from jaxrl_llm.runner.setup import PreparedRun, prepare_run
@@ -84,15 +84,10 @@ def _host(metrics: Mapping[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in jax.device_get(dict(metrics)).items()}
 
 
-def rl_step(
+def _rl_step(
     ctx: RunContext, state: TrainState, data: IteratorState, step: int
 ) -> tuple[TrainState, IteratorState, dict[str, float]]:
-    """One RL step (module docstring); returns the new state, data position and metrics.
-
-    Examples:
-      >>> rl_step.__name__  # needs a prepared run: see tests/runner
-      'rl_step'
-    """
+    """One RL step (module docstring); returns the new state, data position and metrics."""
     config, alg = ctx.config, ctx.config.algorithm
     started = time.perf_counter()
     key = jax.random.fold_in(_stream_key(config.seed, _SAMPLE_STREAM), step)
@@ -145,15 +140,10 @@ def rl_step(
     return state, data, metrics
 
 
-def sft_step(
+def _sft_step(
     ctx: RunContext, state: TrainState, data: IteratorState, step: int
 ) -> tuple[TrainState, IteratorState, dict[str, float]]:
-    """One supervised step on `train.prompts_per_step` (prompt, answer) pairs.
-
-    Examples:
-      >>> sft_step.__name__  # needs a prepared run: see tests/runner
-      'sft_step'
-    """
+    """One supervised step on `train.prompts_per_step` (prompt, answer) pairs."""
     del step
     task = ctx.task
     started = time.perf_counter()
@@ -262,13 +252,34 @@ def run_training(prepared: PreparedRun, *, resume_command: str | None = None) ->
         checkpoint of the last finite state is written first).
 
     Examples:
-      >>> run_training.__name__  # trains: see tests/runner
-      'run_training'
+      A two-step supervised run of a tiny random model on one-digit sums:
+
+      >>> import json, pathlib, tempfile
+      >>> from jaxrl_llm.data import ArithmeticConfig, DataConfig
+      >>> from jaxrl_llm.metrics_log import MetricsConfig
+      >>> from jaxrl_llm.models import ModelConfig
+      >>> from jaxrl_llm.runner.config import ExportConfig, ModelSection, TrainConfig
+      >>> from jaxrl_llm.sampler import SamplingConfig
+      >>> from jaxrl_llm.train import SFTConfig
+      >>> tiny = ModelConfig(family="qwen3", vocab_size=259, hidden_size=8, intermediate_size=16,
+      ...                    num_layers=1, num_heads=2, num_kv_heads=1, head_dim=4)
+      >>> config = RunConfig(
+      ...     model=ModelSection(init=tiny), sft=SFTConfig(),
+      ...     data=DataConfig(arithmetic=ArithmeticConfig(max_digits=1, train_size=8, eval_size=2)),
+      ...     sampling=SamplingConfig(max_new_tokens=4),
+      ...     train=TrainConfig(steps=2, prompts_per_step=2, eval_prompts=0),
+      ...     metrics=MetricsConfig(console=False, tensorboard=False),
+      ...     export=ExportConfig(enabled=False), run_dir=tempfile.mkdtemp())
+      >>> summary = run_training(prepare_run(config))
+      >>> summary["kind"], summary["steps"], summary["final_metrics"]["sft/nll"] > 0
+      ('sft', 2, True)
+      >>> sorted(p.name for p in pathlib.Path(config.run_dir).iterdir())
+      ['checkpoints', 'curves.png', 'metrics.jsonl', 'summary.json']
     """
     ctx, state, data, start, checkpointer, meta, skips, info = prepared
     config = ctx.config
     steps = config.train.steps
-    step_fn = {"rl": rl_step, "sft": sft_step, "preference": preference_step}[config.kind]
+    step_fn = {"rl": _rl_step, "sft": _sft_step, "preference": _preference_step}[config.kind]
     wall_offset = float(meta.get("wall_seconds", 0.0))
     began = time.perf_counter()
     before: dict[str, float] = dict(meta.get("before", {}))
@@ -377,28 +388,13 @@ def train(config: RunConfig, *, resume: bool = False) -> dict[str, Any]:
       The summary written to `run_dir/summary.json` (module docstring).
 
     Examples:
-      A two-step supervised run of a tiny random model on one-digit sums:
+      A config that cannot run fails before anything is compiled:
 
-      >>> import json, pathlib, tempfile
-      >>> from jaxrl_llm.data import ArithmeticConfig, DataConfig
-      >>> from jaxrl_llm.metrics_log import MetricsConfig
-      >>> from jaxrl_llm.models import ModelConfig
-      >>> from jaxrl_llm.runner.config import ExportConfig, ModelSection, TrainConfig
-      >>> from jaxrl_llm.sampler import SamplingConfig
+      >>> from jaxrl_llm.runner.config import ModelSection
       >>> from jaxrl_llm.train import SFTConfig
-      >>> tiny = ModelConfig(family="qwen3", vocab_size=259, hidden_size=8, intermediate_size=16,
-      ...                    num_layers=1, num_heads=2, num_kv_heads=1, head_dim=4)
-      >>> config = RunConfig(
-      ...     model=ModelSection(init=tiny), sft=SFTConfig(),
-      ...     data=DataConfig(arithmetic=ArithmeticConfig(max_digits=1, train_size=8, eval_size=2)),
-      ...     sampling=SamplingConfig(max_new_tokens=4),
-      ...     train=TrainConfig(steps=2, prompts_per_step=2, eval_prompts=0),
-      ...     metrics=MetricsConfig(console=False, tensorboard=False),
-      ...     export=ExportConfig(enabled=False), run_dir=tempfile.mkdtemp())
-      >>> summary = train(config)
-      >>> summary["kind"], summary["steps"], summary["final_metrics"]["sft/nll"] > 0
-      ('sft', 2, True)
-      >>> sorted(p.name for p in pathlib.Path(config.run_dir).iterdir())
-      ['checkpoints', 'curves.png', 'metrics.jsonl', 'summary.json']
+      >>> train(RunConfig(model=ModelSection(checkpoint="/m"), sft=SFTConfig()))
+      Traceback (most recent call last):
+      ...
+      jaxrl_llm.config.ConfigError: run_dir: not set; pass --run-dir or set run_dir in the config.
     """
     return run_training(prepare_run(config, resume=resume))

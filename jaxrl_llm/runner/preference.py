@@ -71,15 +71,10 @@ def load_preference_examples(config: RunConfig, tokenizer: Any) -> tuple[list[An
     return examples, info
 
 
-def preference_step(
+def _preference_step(
     ctx: RunContext, state: TrainState, data: IteratorState, step: int
 ) -> tuple[TrainState, IteratorState, dict[str, float]]:
-    """One offline preference step (module docstring).
-
-    Examples:
-      >>> preference_step.__doc__.splitlines()[0]
-      'One offline preference step (module docstring).'
-    """
+    """One offline preference step (module docstring)."""
     del step
     config = ctx.config
     started = time.perf_counter()

@@ -198,8 +198,20 @@ def build_context(
       `(context, state, info)`.
 
     Examples:
-      >>> build_context.__name__  # builds models: see tests/runner
-      'build_context'
+      >>> import pathlib, tempfile
+      >>> from jaxrl_llm.data import ArithmeticConfig, DataConfig
+      >>> from jaxrl_llm.models import ModelConfig
+      >>> from jaxrl_llm.runner.config import ModelSection
+      >>> from jaxrl_llm.train import SFTConfig
+      >>> from sharding import make_mesh
+      >>> tiny = ModelConfig(family="qwen3", vocab_size=259, hidden_size=8, intermediate_size=16,
+      ...                    num_layers=1, num_heads=2, num_kv_heads=1, head_dim=4)
+      >>> config = RunConfig(model=ModelSection(init=tiny), sft=SFTConfig(),
+      ...     data=DataConfig(arithmetic=ArithmeticConfig(max_digits=1, train_size=8, eval_size=2)))
+      >>> context, state, info = build_context(
+      ...     config, make_mesh(config.mesh), pathlib.Path(tempfile.mkdtemp()))
+      >>> int(state.step), type(context.tokenizer).__name__, len(context.task.train)
+      (0, 'ByteTokenizer', 8)
     """
     tokenizer = run_tokenizer(config)
     policy = build_policy(config)

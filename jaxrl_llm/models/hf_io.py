@@ -195,7 +195,10 @@ def from_pretrained(
         check_names(to_load, set(handles), L, ignore=ignore)
         _check_shapes(to_load, handles, L)
         kwargs = {"dtype": dtype, "param_dtype": param_dtype, "remat": remat}
-        abstract = nnx.eval_shape(lambda: cls(config, **kwargs, rngs=nnx.Rngs(seed)))
+        # shapes only: outside any ambient mesh, whose axes are not the logical names in the
+        # variables' metadata (`nnx.eval_shape` would read them as mesh axes)
+        with jax.set_mesh(None):
+            abstract = nnx.eval_shape(lambda: cls(config, **kwargs, rngs=nnx.Rngs(seed)))
         graphdef, state = nnx.split(abstract)
         by_path = {m.path: m for m in to_load}
         leaves = []

@@ -116,6 +116,23 @@ def _scaled(z: Array, temperature: Any, m: Array | None) -> Array:
     return z - jnp.where(jnp.isfinite(top), top, 0.0)
 
 
+def _pick(zs: Array, y: Array) -> Array:
+    """`zs[..., y]` along the last (vocabulary) axis, keepdims; `y` holds ids in `[0, V)`.
+
+    Vocabulary-parallel logits (`V` split over explicit mesh axes, as `jax.typeof(zs)` shows
+    them, e.g. `float32[8@(data,fsdp),5,16@tensor]`) cannot be gathered along `V` without an
+    ambiguous result sharding. They are picked by a one-hot masked sum instead: each device
+    selects from its own slice and the partial sums are all-reduced (Megatron's
+    vocabulary-parallel cross entropy), with no gather of the logits. The sum adds exact zeros,
+    so value and gradient (the one-hot) equal `take_along_axis`, which every other layout uses.
+    """
+    spec = jax.typeof(zs).sharding.spec
+    if len(spec) == zs.ndim and spec[-1] is not None:
+        hit = jnp.arange(zs.shape[-1], dtype=y.dtype) == y[..., None]
+        return jnp.sum(jnp.where(hit, zs, jnp.zeros((), zs.dtype)), axis=-1, keepdims=True)
+    return jnp.take_along_axis(zs, y[..., None], axis=-1)
+
+
 def _lse(zs: Array) -> Array:
     """`log Σ_v exp(zs_v)` of shifted logits (max ≤ 0), keepdims."""
     return jnp.log(jnp.sum(jnp.exp(zs), axis=-1, keepdims=True))
@@ -230,7 +247,7 @@ def token_logprobs(
     def chunk(z: Array, y: Array, mc: Array | None = None) -> Array:
         zs = _scaled(z, temperature, mc)
         in_range = (y >= 0) & (y < V)
-        picked = jnp.take_along_axis(zs, jnp.clip(y, 0, V - 1)[..., None], axis=-1)
+        picked = _pick(zs, jnp.clip(y, 0, V - 1))
         lp = (picked - _lse(zs))[..., 0]
         lp = jnp.where(in_range, lp, jnp.nan)
         return _masked_output(lp, mc)

@@ -12,6 +12,11 @@ Manual axes (inside `jax.shard_map`, e.g. the data-parallel pmap path) are alrea
 hand; they are dropped from the spec and the remaining axes are constrained as above. With no
 mesh at all (no `mesh=` and no `jax.set_mesh` context) there is nothing to constrain and `x` is
 returned unchanged, so models that call `shard` also run on one device without a mesh.
+
+`out_sharding(names, shape=...)` is the companion for ops that cannot infer their result's
+sharding under Explicit axes (`jnp.einsum(..., out_sharding=)`, `x.at[i].get(out_sharding=)`,
+`jnp.reshape(..., out_sharding=)`): the spec under Explicit axes, `None` otherwise, so the
+same model code also runs under Auto axes (followed by `shard`) and without a mesh.
 """
 
 from __future__ import annotations
@@ -31,6 +36,32 @@ def _drop_axes(entry: MeshAxes, dropped: set[str]) -> MeshAxes:
     if not axes:
         return None
     return axes[0] if len(axes) == 1 else axes
+
+
+def _resolve(
+    names: Sequence[str | None],
+    shape: Sequence[int],
+    rules: Rules,
+    mesh: Mesh | AbstractMesh | None,
+) -> tuple[AxisType, PartitionSpec | NamedSharding] | None:
+    """The axis type and target sharding for logical `names`, or None when nothing applies."""
+    context = mesh if mesh is not None else jax.sharding.get_abstract_mesh()
+    if context.empty:
+        return None
+    spec = logical_to_spec(names, rules, context, shape=shape)
+    types = dict(zip(context.axis_names, context.axis_types, strict=True))
+    manual = {a for a, t in types.items() if t == AxisType.Manual}
+    if manual:
+        spec = PartitionSpec(*(_drop_axes(e, manual) for e in spec))
+    kinds = {t for a, t in types.items() if a not in manual}
+    if not kinds:
+        return None
+    if len(kinds) > 1:
+        raise ValueError(
+            f"shard: the mesh mixes axis types {dict(types)}; use all Explicit or all Auto axes "
+            "(MeshConfig.axis_types)."
+        )
+    return kinds.pop(), (spec if mesh is None else NamedSharding(mesh, spec))
 
 
 def shard(
@@ -67,23 +98,58 @@ def shard(
       >>> shard(jnp.ones(2), ("batch",)).shape  # no mesh: unchanged
       (2,)
     """
-    context = mesh if mesh is not None else jax.sharding.get_abstract_mesh()
-    if context.empty:
+    resolved = _resolve(names, x.shape, rules, mesh)
+    if resolved is None:
         return x
-    spec = logical_to_spec(names, rules, context, shape=x.shape)
-    types = dict(zip(context.axis_names, context.axis_types, strict=True))
-    manual = {a for a, t in types.items() if t == AxisType.Manual}
-    if manual:
-        spec = PartitionSpec(*(_drop_axes(e, manual) for e in spec))
-    kinds = {t for a, t in types.items() if a not in manual}
-    if not kinds:
-        return x
-    if len(kinds) > 1:
-        raise ValueError(
-            f"shard: the mesh mixes axis types {dict(types)}; use all Explicit or all Auto axes "
-            "(MeshConfig.axis_types)."
-        )
-    target = spec if mesh is None else NamedSharding(mesh, spec)
-    if kinds == {AxisType.Explicit}:
+    kind, target = resolved
+    if kind == AxisType.Explicit:
         return jax.sharding.reshard(x, target)
     return jax.lax.with_sharding_constraint(x, target)
+
+
+def out_sharding(
+    names: Sequence[str | None],
+    *,
+    shape: Sequence[int],
+    rules: Rules = ACTIVATION_AXIS_RULES,
+    mesh: Mesh | AbstractMesh | None = None,
+) -> PartitionSpec | NamedSharding | None:
+    """The `out_sharding=` argument of an op whose result has the logical axes `names`.
+
+    Under Explicit axes some ops cannot infer their result's sharding (an embedding gather from
+    a vocabulary-sharded table, a matmul that contracts a tensor-parallel axis, a reshape that
+    splits a sharded axis) and need it spelled out: `jnp.einsum(..., out_sharding=...)`,
+    `x.at[i].get(out_sharding=...)`, `jnp.reshape(..., out_sharding=...)`. This gives that
+    spec. Under Auto axes (JAX rejects Auto axis names there) and without a mesh it returns
+    `None`, so the op runs unannotated; follow it with `shard(y, names)` to hint the compiler.
+
+    Args:
+      names: one logical name (or `None`) per axis of the result.
+      shape: the result's shape (a rule is used only where its mesh axes divide the dimension).
+      rules: the rule table (activations by default).
+      mesh: the mesh; default: the context mesh of `jax.set_mesh`.
+
+    Returns:
+      A `PartitionSpec` (a `NamedSharding` when `mesh` is given) under Explicit axes, else None.
+
+    Raises:
+      ValueError: as `shard`.
+
+    Examples:
+      >>> import jax, jax.numpy as jnp
+      >>> from jax.sharding import AbstractMesh, AxisType
+      >>> mesh = AbstractMesh((2, 2, 2), ("data", "fsdp", "tensor"),
+      ...                     axis_types=(AxisType.Explicit,) * 3)
+      >>> tuple(out_sharding(("batch", "length", "embed"), shape=(8, 5, 6), mesh=mesh).spec)
+      (('data', 'fsdp'), None, None)
+      >>> auto = AbstractMesh((2, 2, 2), ("data", "fsdp", "tensor"),
+      ...                     axis_types=(AxisType.Auto,) * 3)
+      >>> print(out_sharding(("batch", "embed"), shape=(8, 6), mesh=auto))  # Auto: unannotated
+      None
+      >>> print(out_sharding(("batch", "embed"), shape=(8, 6)))  # no mesh
+      None
+    """
+    resolved = _resolve(names, shape, rules, mesh)
+    if resolved is None or resolved[0] != AxisType.Explicit:
+        return None
+    return resolved[1]

@@ -23,7 +23,9 @@ window measured in positions. Shapes never change, so the decode loop compiles o
 sizes `max_len` to hold prompt and completion (writes past the end are clamped by XLA and would
 overwrite the last slot; `Decoder.decode` checks this when `lengths` is concrete).
 The logical axes of the buffers are `CACHE_KEY_AXES` and `CACHE_VALUE_AXES`
-(`KVCache.logical_axes` gives them for a whole cache), for `sharding.logical_to_spec`.
+(`KVCache.logical_axes` gives them for a whole cache), for `sharding.logical_to_spec`;
+`shard_cache` lays a cache out by them on the context mesh (rows over the batch axes, KV heads
+over `tensor` when it divides them), which `Decoder.decode` does on entry.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_llm.models.config import ModelConfig
+from sharding import shard
 
 Array = jax.Array
 
@@ -97,6 +100,31 @@ class KVCache(NamedTuple):
     def max_len(self) -> int:
         """Number of slots per row (T)."""
         return self.positions.shape[1]
+
+
+def shard_cache(cache: KVCache) -> KVCache:
+    """Lay `cache` out by its logical axes on the context mesh (unchanged without a mesh).
+
+    Each field follows `KVCache.logical_axes()` under `sharding.ACTIVATION_AXIS_RULES`: rows
+    over the batch axes (`data`, `fsdp`), KV heads over `tensor` when it divides them (else
+    whole on every device of a tensor group). A cache created inside a jitted function has no
+    sharding of its own (replicated under Explicit axes); this pins it, so the new keys and
+    values, which the projections produce in this layout, are written in place. A cache that
+    is already laid out passes through unchanged.
+
+    Examples:
+      >>> from jaxrl_llm.models import ModelConfig
+      >>> cfg = ModelConfig(family="llama", vocab_size=11, hidden_size=8, intermediate_size=16,
+      ...                   num_layers=2, num_heads=2, num_kv_heads=1, head_dim=4)
+      >>> shard_cache(KVCache.init(cfg, batch=2, max_len=3)).k.shape  # no mesh: unchanged
+      (2, 2, 1, 3, 4)
+    """
+    return KVCache(
+        *(
+            shard(x, names) if names else x  # a shared scalar length stays as it is
+            for x, names in zip(cache, cache.logical_axes(), strict=True)
+        )
+    )
 
 
 def write_rows(buffer: Array, new: Array, starts: Array, *, axis: int = 1) -> Array:

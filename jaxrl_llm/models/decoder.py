@@ -17,6 +17,12 @@ Masking: `attention_mask[N, S]` (1 = real token) or `segment_ids[N, S]` (packed 
 padding). Keys of padding are never read; padding queries produce finite values that callers
 mask out. Dtype policy: parameters live in `param_dtype`, activations in `dtype`, logits are
 float32. `remat` ("none", "full", "dots") rematerialises each layer in the backward pass.
+
+Sharding: the model names logical axes only. Called under `jax.set_mesh(mesh)` (Explicit or
+Auto axes), the inputs and activations are laid out with their rows over the batch axes
+(`data`, `fsdp`), weights are gathered from their FSDP shards for compute and stay split over
+`tensor` on heads / MLP / vocabulary, and logits come out `[N, S, V]` with `V` over `tensor`
+(see docs/scaling.md, "How activations are sharded"). Without a mesh nothing changes.
 """
 
 from __future__ import annotations
@@ -30,8 +36,10 @@ import numpy as np
 from flax import nnx
 
 from jaxrl_llm.models import cache as kv_cache
+from jaxrl_llm.models._sharded_ops import compute_weight, einsum, take_rows
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.layers import Block, RMSNorm, make_param, rope_angles, rope_inv_freq
+from sharding import shard
 
 Array = jax.Array
 Remat = Literal["none", "full", "dots"]
@@ -48,6 +56,14 @@ def _stacked_blocks(config: ModelConfig, dtype: Any, param_dtype: Any, rngs: nnx
         return Block(config, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
     return make(rngs)
+
+
+_ROWS = ("batch", "length")
+
+
+def _rows(x: Array | None) -> Array | None:
+    """Lay a per-token input `[N, S]` out by rows over the batch mesh axes (if any)."""
+    return None if x is None else shard(x, _ROWS)
 
 
 def _check_inputs(tokens: Array, positions: Array, mask: Array | None, mask_name: str) -> None:
@@ -148,6 +164,8 @@ class Decoder(nnx.Module):
             raise ValueError("pass attention_mask or segment_ids, not both.")
         _check_inputs(tokens, positions, segment_ids, "segment_ids")
         _check_inputs(tokens, positions, attention_mask, "attention_mask")
+        tokens, positions = _rows(tokens), _rows(positions)
+        attention_mask, segment_ids = _rows(attention_mask), _rows(segment_ids)
         if segment_ids is None:
             segment_ids = (
                 jnp.ones(tokens.shape, jnp.int32)
@@ -162,15 +180,26 @@ class Decoder(nnx.Module):
         return self.final_norm(x)
 
     def logits(self, hidden: Array) -> Array:
-        """Project hidden states `[..., D]` to float32 logits `[..., V]` (with soft-capping)."""
-        if self.config.tie_embeddings:
-            weight = self.embed[...].astype(self.dtype)
-            out = jnp.einsum("...d,vd->...v", hidden, weight, preferred_element_type=jnp.float32)
-        elif self.has_lm_head:
-            weight = self.lm_head[...].astype(self.dtype)
-            out = jnp.einsum("...d,dv->...v", hidden, weight, preferred_element_type=jnp.float32)
-        else:
+        """Project hidden states `[..., D]` to float32 logits `[..., V]` (with soft-capping).
+
+        Under a mesh the leading axis is the batch (`[N, D]` or `[N, S, D]`) and `V` is split
+        over `tensor`: a vocabulary-parallel projection, no all-gather of the logits.
+        """
+        if not self.config.tie_embeddings and not self.has_lm_head:
             raise ValueError("this Decoder was built with lm_head=False and has no logits.")
+        lead = "abcdefgh"[: hidden.ndim - 1]
+        names = (("batch",) + (None,) * (hidden.ndim - 2) if hidden.ndim > 1 else ()) + ("vocab",)
+        if self.config.tie_embeddings:
+            weight, rhs = compute_weight(self.embed, self.dtype), "vd"
+        else:
+            weight, rhs = compute_weight(self.lm_head, self.dtype), "dv"
+        out = einsum(
+            f"{lead}d,{rhs}->{lead}v",
+            hidden,
+            weight,
+            names=names,
+            preferred_element_type=jnp.float32,
+        )
         cap = self.config.final_logit_softcap
         return out if cap is None else cap * jnp.tanh(out / cap)
 
@@ -210,6 +239,8 @@ class Decoder(nnx.Module):
         if isinstance(layer_unroll, bool) or not isinstance(layer_unroll, int) or layer_unroll < 1:
             raise ValueError(f"decode: `layer_unroll` must be an int >= 1, got {layer_unroll!r}.")
         _check_inputs(tokens, positions, attention_mask, "attention_mask")
+        tokens, positions, attention_mask = _rows(tokens), _rows(positions), _rows(attention_mask)
+        cache = kv_cache.shard_cache(cache)
         S = tokens.shape[1]
         if not isinstance(cache.lengths, jax.core.Tracer):
             longest = int(np.max(np.asarray(cache.lengths))) + S
@@ -248,7 +279,11 @@ class Decoder(nnx.Module):
     # ----------------------------------------------------------------------------- internals
 
     def _embed(self, tokens: Array) -> Array:
-        x = jnp.take(self.embed[...], tokens, axis=0).astype(self.dtype)
+        # gathered in the storage dtype (only N·S rows are cast); under a mesh the table is
+        # whole on `embed` and split over `tensor` on `vocab`: a masked local gather whose
+        # rows are all-reduced over `tensor`.
+        rows = take_rows(compute_weight(self.embed), tokens, ("batch", "length", "embed"))
+        x = rows.astype(self.dtype)
         if self.config.embed_scale:
             x = x * jnp.asarray(math.sqrt(self.config.hidden_size), self.dtype)
         return x

@@ -8,6 +8,11 @@ dimension, F MLP width, T key length):
   to mesh axes. Eager sharding is off: the model never touches a mesh.
 - Parameters are stored in `param_dtype` and cast to the compute `dtype` where they are used.
   Norm statistics, rotary, attention logits and the softmax run in float32.
+- Under a mesh (`jax.set_mesh`) weights are read through `_sharded_ops.compute_weight` (FSDP
+  shards gathered, tensor-parallel axes kept split) and the ops whose result layout is
+  ambiguous under Explicit axes name it: activations are `[N, S, ...]` with `N` over the batch
+  axes, query / KV heads and the MLP width over `tensor` (`sharding.ACTIVATION_AXIS_RULES`);
+  the output projections all-reduce their `tensor` partial sums into `[N, S, D]`.
 - Projection kernels are stored input-axis first: q `[D, H, Hd]`, k/v `[D, K, Hd]`,
   o `[H, Hd, D]`, gate/up `[D, F]`, down `[F, D]`.
 """
@@ -21,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxrl_llm.models._sharded_ops import compute_weight, einsum, reshape
 from jaxrl_llm.models.config import ModelConfig, RopeConfig
 
 Array = jax.Array
@@ -73,7 +79,7 @@ class RMSNorm(nnx.Module):
     def __call__(self, x: Array) -> Array:
         x32 = x.astype(jnp.float32)
         normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-        scale = self.scale[...]
+        scale = compute_weight(self.scale)
         if self.plus_one:
             return (normed * (1.0 + scale.astype(jnp.float32))).astype(x.dtype)
         return scale.astype(x.dtype) * normed.astype(x.dtype)
@@ -147,10 +153,14 @@ def attend(
     Returns:
       `[N, S, H, Hd]` in `q`'s dtype. Logits and softmax are float32; a fully masked row
       (padding) attends uniformly instead of producing NaN.
+
+    Sharding: the query heads are grouped as `[N, S, K, G, Hd]` with `K` laid out like the KV
+    heads: split over `tensor` when it divides `K` (each device attends with its own KV heads),
+    else whole (the query heads are gathered and attention runs replicated over `tensor`).
     """
     N, S, H, Hd = q.shape
     K = k.shape[2]
-    qg = q.reshape(N, S, K, H // K, Hd)
+    qg = reshape(q, (N, S, K, H // K, Hd), ("batch", "length", "kv_heads", None, "head_dim"))
     logits = jnp.einsum("nskgh,ntkh->nkgst", qg, k, preferred_element_type=jnp.float32)
     logits = logits * scale
     if softcap is not None:
@@ -158,7 +168,7 @@ def attend(
     logits = jnp.where(mask[:, None, None], logits, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
     out = jnp.einsum("nkgst,ntkh->nskgh", probs, v)
-    return out.reshape(N, S, H, Hd)
+    return reshape(out, (N, S, H, Hd), ("batch", "length", "heads", "head_dim"))
 
 
 class Attention(nnx.Module):
@@ -199,9 +209,11 @@ class Attention(nnx.Module):
         self.dtype = dtype
 
     def _project(self, x: Array, name: str) -> Array:
-        out = jnp.einsum("nsd,dkh->nskh", x, getattr(self, name)[...].astype(self.dtype))
+        heads = "heads" if name == "q" else "kv_heads"
+        weight = compute_weight(getattr(self, name), self.dtype)
+        out = einsum("nsd,dkh->nskh", x, weight, names=("batch", "length", heads, "head_dim"))
         if self.config.qkv_bias:
-            out = out + getattr(self, f"{name}_bias")[...].astype(self.dtype)
+            out = out + compute_weight(getattr(self, f"{name}_bias"), self.dtype)
         return out
 
     def __call__(
@@ -216,9 +228,10 @@ class Attention(nnx.Module):
         if kv is not None:
             k, v, written = kv(k, v)
         out = attend(q, k, v, mask, scale=cfg.attention_scale, softcap=cfg.attn_logit_softcap)
-        out = jnp.einsum("nshk,hkd->nsd", out, self.o[...].astype(self.dtype))
+        weight = compute_weight(self.o, self.dtype)
+        out = einsum("nshk,hkd->nsd", out, weight, names=("batch", "length", "embed"))
         if cfg.o_bias:
-            out = out + self.o_bias[...].astype(self.dtype)
+            out = out + compute_weight(self.o_bias, self.dtype)
         return out, written
 
 
@@ -241,9 +254,17 @@ class MLP(nnx.Module):
         self.dtype = dtype
 
     def __call__(self, x: Array) -> Array:
-        gate = x @ self.gate[...].astype(self.dtype)
-        up = x @ self.up[...].astype(self.dtype)
-        return (_ACT[self.activation](gate) * up) @ self.down[...].astype(self.dtype)
+        """`x[N, S, D]` → `[N, S, D]`; the hidden `[N, S, F]` is split over `tensor`."""
+        hidden = ("batch", "length", "mlp")
+        gate = einsum("nsd,df->nsf", x, compute_weight(self.gate, self.dtype), names=hidden)
+        up = einsum("nsd,df->nsf", x, compute_weight(self.up, self.dtype), names=hidden)
+        down = compute_weight(self.down, self.dtype)
+        return einsum(
+            "nsf,fd->nsd",
+            _ACT[self.activation](gate) * up,
+            down,
+            names=("batch", "length", "embed"),
+        )
 
 
 class Block(nnx.Module):

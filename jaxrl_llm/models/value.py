@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxrl_llm.models._sharded_ops import compute_weight
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.decoder import Decoder, Remat
 from jaxrl_llm.models.layers import make_param
@@ -35,7 +36,7 @@ class ValueHead(nnx.Module):
         self.kernel = make_param(rngs.params(), (dim, 1), ("embed", None), param_dtype, "normal")
 
     def __call__(self, hidden: Array) -> Array:
-        kernel = self.kernel[...].astype(jnp.float32)
+        kernel = compute_weight(self.kernel, jnp.float32)  # [D, 1], gathered from FSDP shards
         return (hidden.astype(jnp.float32) @ kernel)[..., 0]
 
 

@@ -44,6 +44,11 @@ class SamplingConfig:
       layer_unroll: decoder layers per iteration of the layer scan in prefill and decode
         (`Decoder.decode_hidden(layer_unroll=...)`); unrolling removes a nested loop per step,
         at the price of compile time growing with it.
+      gather_weights: under a mesh with `fsdp > 1`, all-gather the FSDP-sharded weights once
+        before decoding (each device then holds the weights split over `tensor` only, for the
+        duration of the call) instead of in every decode step. False keeps them sharded and
+        gathers per layer and step (for models whose `1/tensor` share does not fit a device).
+        No effect without a mesh.
       bucket_multiple: prompt lengths are padded up to a multiple of this; None pads to the
         next power of two (at least `min_bucket`). Used by `generate` on the host.
       min_bucket: smallest padded prompt length.
@@ -69,6 +74,7 @@ class SamplingConfig:
     pad_id: int = 0
     steps_per_loop: int = 4
     layer_unroll: int = 8
+    gather_weights: bool = True
     bucket_multiple: int | None = None
     min_bucket: int = 16
 
@@ -82,6 +88,10 @@ class SamplingConfig:
         ):
             _check_int(self, name, low=1)
         _check_int(self, "pad_id", low=0)
+        if not isinstance(self.gather_weights, bool):
+            raise ValueError(
+                f"SamplingConfig: `gather_weights` must be a bool, got {self.gather_weights!r}."
+            )
         if self.top_k is not None:
             _check_int(self, "top_k", low=1)
         if self.bucket_multiple is not None:

@@ -19,6 +19,13 @@ Program:
    advance in lockstep (the cache has one shared length, so each write is one
    `dynamic_update_slice`); finished rows write `pad_id` with attention mask 0, which is
    never read back.
+
+Sharding: called under `jax.set_mesh(mesh)` (Explicit or Auto axes), every per-row array
+(prompts, keys' uniforms, the cache, the decode state, the rollout) is laid out with its rows
+over the batch axes (`data`, `fsdp`); the model runs tensor-parallel inside (see `Decoder`). The
+next-token logits come out of the LM head split over `tensor` on the vocabulary and are
+gathered per step (`[N, V]` rows stay local) so that the draw (argmax, top-k, sort, cumsum)
+runs on whole rows. Without a mesh nothing changes.
 """
 
 from __future__ import annotations
@@ -28,12 +35,14 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import AxisType, PartitionSpec
 
-from jaxrl_llm.models.cache import KVCache, positions_from_mask
+from jaxrl_llm.models._sharded_ops import compute_layout, reshape
+from jaxrl_llm.models.cache import KVCache, positions_from_mask, shard_cache
 from jaxrl_llm.sampler.config import SamplingConfig
 from jaxrl_llm.sampler.filters import draw_tokens, row_uniforms
 from jaxrl_llm.sampler.rollout import Rollout
-from sharding import ACTIVATION_AXIS_RULES, logical_to_spec
+from sharding import ACTIVATION_AXIS_RULES, logical_to_spec, shard
 
 Array = jax.Array
 
@@ -81,6 +90,56 @@ def _row_budgets(max_new_tokens: Any, n: int, budget: int) -> Array:
     return jnp.clip(per_row.astype(jnp.int32), 0, budget)
 
 
+_ROW = ("batch",)
+_ROW_TIME = ("batch", None)  # [N, T] / [N, V] arrays: rows split, the second axis whole
+
+
+def _whole_rows(logits: Array) -> Array:
+    """Gather `[N, V]` logits split over `tensor` on V into whole rows (rows stay split)."""
+    return shard(logits, _ROW_TIME)
+
+
+def _row_local(fn: Any, *rows: Array) -> Any:
+    """`fn(*rows)` run on each device's own rows: `jax.shard_map` over the batch mesh axes.
+
+    Every array is `[N, ...]`, rows split over the batch axes and whole otherwise. XLA's
+    partitioner does not split the batch axis of some row-wise ops (the TopK of top-k): it
+    gathers all rows to every device instead. Mapping by hand keeps the draw local (the
+    per-shard top-k of STYLE.md §3.13). Without a mesh, or with rows that are not split:
+    `fn(*rows)`.
+    """
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return fn(*rows)
+    entry = logical_to_spec(_ROW, ACTIVATION_AXIS_RULES, mesh, shape=rows[0].shape[:1])[0]
+    axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+    manual = {
+        a for a, t in zip(mesh.axis_names, mesh.axis_types, strict=True) if t == AxisType.Manual
+    }
+    axes = tuple(a for a in axes if a not in manual)
+    if not axes:
+        return fn(*rows)
+    spec = PartitionSpec(axes)
+    return jax.shard_map(fn, in_specs=(spec,) * len(rows), out_specs=spec, axis_names=set(axes))(
+        *rows
+    )
+
+
+def _repeat_rows(x: Array, repeats: int, axis: int, names: tuple[str | None, ...]) -> Array:
+    """`jnp.repeat(x, repeats, axis)` laid out by `names`: row `b` becomes rows `b·G .. b·G+G-1`.
+
+    Written as broadcast + reshape (what `jnp.repeat` does for a static count), so that under
+    a mesh the merge of the (batch-split) row axis with the new group axis keeps the rows on
+    the devices that hold their prompt: no communication.
+    """
+    shape = list(x.shape)
+    grouped = jnp.broadcast_to(
+        jnp.expand_dims(x, axis + 1), (*shape[: axis + 1], repeats, *shape[axis + 1 :])
+    )
+    shape[axis] *= repeats
+    return reshape(grouped, shape, names)
+
+
 def _check_prompts(prompt_tokens: Any, prompt_mask: Any) -> tuple[Array, Array]:
     tokens, mask = jnp.asarray(prompt_tokens), jnp.asarray(prompt_mask)
     if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
@@ -115,53 +174,22 @@ def broadcast_cache(cache: KVCache, num_samples: int, max_len: int) -> KVCache:
     if extra < 0:
         raise ValueError(f"broadcast_cache: max_len={max_len} < the cache's {cache.max_len} slots.")
 
-    def grow(x: Array, slot_axis: int, fill: Any) -> Array:
-        row_axis = 1 if x.ndim == 5 else 0  # k, v: [L, N, ...]; positions: [N, T]
-        x = jnp.repeat(x, num_samples, axis=row_axis)
+    def grow(x: Array, names: tuple[str, ...], fill: Any) -> Array:
+        x = _repeat_rows(x, num_samples, names.index("batch"), names)
         pad = [(0, 0)] * x.ndim
-        pad[slot_axis] = (0, extra)
+        pad[names.index("cache_seq")] = (0, extra)
         return jnp.pad(x, pad, constant_values=fill)
 
     axes = cache.logical_axes()
-    lengths = cache.lengths if cache.lengths.ndim == 0 else jnp.repeat(cache.lengths, num_samples)
+    lengths = cache.lengths
+    if lengths.ndim:
+        lengths = _repeat_rows(lengths, num_samples, 0, axes.lengths)
     return KVCache(
-        k=grow(cache.k, axes.k.index("cache_seq"), 0),
-        v=grow(cache.v, axes.v.index("cache_seq"), 0),
-        positions=grow(cache.positions, 1, -1),
+        k=grow(cache.k, axes.k, 0),
+        v=grow(cache.v, axes.v, 0),
+        positions=grow(cache.positions, axes.positions, -1),
         lengths=lengths,
     )
-
-
-def shard_cache_rows(cache: KVCache) -> KVCache:
-    """Lay a cache out by its logical axes on the current mesh (a no-op without one).
-
-    Each field follows `KVCache.logical_axes()`: rows over `batch` (the `data` and `fsdp`
-    axes) and KV heads over `tensor` under
-    `sharding.ACTIVATION_AXIS_RULES`. A freshly allocated buffer has no sharding of its own;
-    this pins it so that the prompt's keys and values are written in place (explicit mesh axes
-    require it, automatic ones are spared a guess).
-
-    Examples:
-      >>> from jaxrl_llm.models import ModelConfig
-      >>> cfg = ModelConfig(family="llama", vocab_size=11, hidden_size=8, intermediate_size=16,
-      ...                   num_layers=2, num_heads=2, num_kv_heads=1, head_dim=4)
-      >>> shard_cache_rows(KVCache.init(cfg, batch=2, max_len=3)).k.shape  # no mesh: unchanged
-      (2, 2, 1, 3, 4)
-    """
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty:
-        return cache
-    explicit = all(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types)
-
-    def put(x: Array, names: tuple[str, ...]) -> Array:
-        if not names:  # a shared scalar length
-            return x
-        spec = logical_to_spec(names, ACTIVATION_AXIS_RULES, mesh, shape=x.shape)
-        if explicit:
-            return jax.sharding.reshard(x, spec)
-        return jax.lax.with_sharding_constraint(x, spec)
-
-    return KVCache(*(put(x, names) for x, names in zip(cache, cache.logical_axes(), strict=True)))
 
 
 def _is_stop(tokens: Array, stop_tokens: tuple[int, ...]) -> Array:
@@ -213,15 +241,18 @@ def sample_tokens(
       ((6, 8), (6, 5), (6,))
     """
     tokens_in, mask = _check_prompts(prompt_tokens, prompt_mask)
+    tokens_in, mask = shard(tokens_in, _ROW_TIME), shard(mask, _ROW_TIME)
+    if config.gather_weights:
+        state = compute_layout(state)  # gather FSDP shards once, not in every decode step
     model = nnx.merge(graphdef, state)
     B, P = tokens_in.shape
     G, T, U = config.num_samples, config.max_new_tokens, config.steps_per_loop
     N, T_loop = B * G, -(-T // U) * U
-    row_keys = _row_keys(key, N)
+    row_keys = shard(_row_keys(key, N), _ROW)  # each device draws its own rows' uniforms
     uniforms = None if config.greedy else row_uniforms(row_keys, T_loop)  # [N, T'] in (0, 1]
-    budgets = _row_budgets(max_new_tokens, N, T)
+    budgets = shard(_row_budgets(max_new_tokens, N, T), _ROW)
 
-    cache = shard_cache_rows(model.init_cache(batch=B, max_len=P, shared_length=True))
+    cache = shard_cache(model.init_cache(batch=B, max_len=P, shared_length=True))
     hidden, cache = model.decode_hidden(
         tokens_in,
         positions_from_mask(mask),
@@ -229,19 +260,25 @@ def sample_tokens(
         attention_mask=mask,
         layer_unroll=config.layer_unroll,
     )
-    first_logits = model.logits(hidden[:, -1])  # [B, V] float32
-    prompt_lengths = jnp.repeat(jnp.sum(mask, axis=1, dtype=jnp.int32), G)  # [N]
+    first_logits = _whole_rows(model.logits(hidden[:, -1]))  # [B, V] float32
+    prompt_lengths = _repeat_rows(jnp.sum(mask, axis=1, dtype=jnp.int32), G, 0, _ROW)  # [N]
 
     def one_step(s: _DecodeState, _: None) -> tuple[_DecodeState, None]:
-        u = None if uniforms is None else jax.lax.dynamic_index_in_dim(uniforms, s.step, 1, False)
-        draw = draw_tokens(
-            s.logits,
-            u,
-            temperature=config.temperature,
-            top_k=config.top_k,
-            top_p=config.top_p,
-            min_p=config.min_p,
-        )
+        def draw_rows(logits: Array, *u: Array) -> Any:
+            return draw_tokens(
+                logits,
+                u[0] if u else None,
+                temperature=config.temperature,
+                top_k=config.top_k,
+                top_p=config.top_p,
+                min_p=config.min_p,
+            )
+
+        if uniforms is None:
+            draw = _row_local(draw_rows, s.logits)
+        else:
+            u = jax.lax.dynamic_index_in_dim(uniforms, s.step, 1, False)
+            draw = _row_local(draw_rows, s.logits, u)
         active = ~s.done
         token = jnp.where(active, draw.tokens, config.pad_id)
         lengths = s.lengths + active.astype(jnp.int32)
@@ -259,7 +296,7 @@ def sample_tokens(
 
         return _DecodeState(
             step=s.step + 1,
-            logits=model.logits(hidden[:, 0]),
+            logits=_whole_rows(model.logits(hidden[:, 0])),
             cache=cache,
             done=done,
             lengths=lengths,
@@ -278,13 +315,13 @@ def sample_tokens(
 
     start = _DecodeState(
         step=jnp.zeros((), jnp.int32),
-        logits=jnp.repeat(first_logits, G, axis=0),
-        cache=shard_cache_rows(broadcast_cache(cache, G, P + T_loop)),
+        logits=_repeat_rows(first_logits, G, 0, _ROW_TIME),
+        cache=shard_cache(broadcast_cache(cache, G, P + T_loop)),
         done=budgets <= 0,
-        lengths=jnp.zeros((N,), jnp.int32),
-        tokens=jnp.full((N, T_loop), config.pad_id, jnp.int32),
-        logprobs=jnp.zeros((N, T_loop), jnp.float32),
-        sampling_logprobs=jnp.zeros((N, T_loop), jnp.float32),
+        lengths=shard(jnp.zeros((N,), jnp.int32), _ROW),
+        tokens=shard(jnp.full((N, T_loop), config.pad_id, jnp.int32), _ROW_TIME),
+        logprobs=shard(jnp.zeros((N, T_loop), jnp.float32), _ROW_TIME),
+        sampling_logprobs=shard(jnp.zeros((N, T_loop), jnp.float32), _ROW_TIME),
     )
     final = jax.lax.while_loop(cond, body, start)
 
@@ -293,8 +330,8 @@ def sample_tokens(
     last = jnp.take_along_axis(completion, jnp.maximum(final.lengths - 1, 0)[:, None], axis=1)
     stopped = (final.lengths > 0) & _is_stop(last[:, 0], config.stop_tokens)
     return Rollout(
-        tokens=jnp.concatenate([jnp.repeat(tokens_in, G, axis=0), completion], axis=1),
-        prompt_mask=jnp.repeat(mask, G, axis=0),
+        tokens=jnp.concatenate([_repeat_rows(tokens_in, G, 0, _ROW_TIME), completion], axis=1),
+        prompt_mask=_repeat_rows(mask, G, 0, _ROW_TIME),
         completion_tokens=completion,
         completion_mask=completion_mask,
         logprobs=final.logprobs[:, :T],

@@ -184,7 +184,8 @@ def check_cache() -> None:
         cache = KVCache.init(CFG, batch=4, max_len=6, shared_length=shared)
         shardings = cache_shardings(cache, mesh)
         placed = jax.device_put(cache, shardings)
-        assert placed.k.sharding.spec == P(None, ("data", "fsdp"), None, "tensor", None)
+        # k [L, N, K, T, Hd]: rows over the batch axes, KV heads over tensor
+        assert placed.k.sharding.spec == P(None, ("data", "fsdp"), "tensor", None, None)
         assert placed.positions.sharding.spec == P(("data", "fsdp"), None)
         assert placed.lengths.sharding.spec == (P() if shared else P(("data", "fsdp")))
     try:

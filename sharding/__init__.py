@@ -16,6 +16,7 @@ from sharding.distributed import (
     is_main_process,
     log_main,
     make_global_batch,
+    place_global,
 )
 from sharding.mesh import MESH_AXES, MeshConfig, make_mesh
 from sharding.rules import (
@@ -46,5 +47,6 @@ __all__ = [
     "make_mesh",
     "optimizer_shardings",
     "path_str",
+    "place_global",
     "shard",
 ]

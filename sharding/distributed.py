@@ -371,3 +371,52 @@ def make_global_batch(local_batch: Any, mesh: Mesh, *, rules: Rules = ACTIVATION
         return jax.make_array_from_process_local_data(sharding, local, global_shape)
 
     return jax.tree_util.tree_map_with_path(one, local_batch)
+
+
+def _is_key(x: Any) -> bool:
+    return isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+
+
+def place_global(tree: Any, shardings: Any) -> Any:
+    """`jax.device_put(tree, shardings)` for values that every process holds, PRNG keys too.
+
+    In a multi-process job each process passes the same values (host arrays, or arrays on its
+    own devices) and gets global arrays over the mesh. `jax.device_put` does this for numeric
+    arrays but cannot place typed PRNG key arrays on other processes' devices; those go
+    through their raw key data (`jax.random.key_data` / `wrap_key_data`). On one process this
+    is `jax.device_put`.
+
+    Args:
+      tree: a pytree of arrays (host or device), identical on every process.
+      shardings: a `Sharding` for every leaf, or a pytree prefix of `tree` of them.
+
+    Examples:
+      >>> from jax.sharding import PartitionSpec
+      >>> from sharding import MeshConfig, make_mesh
+      >>> mesh = make_mesh(MeshConfig(), devices=jax.devices()[:1])
+      >>> out = place_global({"key": jax.random.key(0), "w": np.ones(2)},
+      ...                    NamedSharding(mesh, PartitionSpec()))
+      >>> out["key"].sharding.spec, out["w"].sharding.spec
+      (P(), P())
+    """
+    if jax.process_count() == 1:
+        return jax.device_put(tree, shardings)
+
+    def one(sharding: Any, subtree: Any) -> Any:
+        def leaf(x: Any) -> Any:
+            if not _is_key(x):
+                return jax.device_put(x, sharding)
+            if not isinstance(sharding, NamedSharding):
+                raise ValueError(
+                    f"place_global: a PRNG key needs a NamedSharding in a multi-process job, "
+                    f"got {sharding!r}."
+                )
+            data = NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(*sharding.spec))
+            placed = jax.device_put(np.asarray(jax.random.key_data(x)), data)
+            return jax.random.wrap_key_data(placed, impl=jax.random.key_impl(x))
+
+        return jax.tree.map(leaf, subtree)
+
+    return jax.tree.map(
+        one, shardings, tree, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding)
+    )

@@ -6,7 +6,8 @@ A run compiles a handful of programs, each once:
     logprob      old-policy / reference forward                      per policy graph
     value        critic forward (PPO)                                per model graphs
     advantages   build_rl_batch (advantages, returns, kept groups)   per algorithm and G
-    update       the donated update step (RL or SFT objective)       per objective and optimizer
+    update       the donated update step (RL, SFT or preference)      per objective, optimizer
+                 (jit over the mesh, or data-parallel: `parallel`)     and parallel form
 
 Weights are always arguments, never constants, so new parameters never recompile. The caches
 are keyed by hashable static values (model graph definitions, frozen configs, the mesh), so a
@@ -44,6 +45,7 @@ from jaxrl_llm.train import (
     sft_objective,
     train_state_shardings,
 )
+from jaxrl_llm.train.parallel import make_data_parallel_update_step
 
 _CACHE_SIZE = 64
 
@@ -146,13 +148,16 @@ def update_program(
     optim: OptimConfig,
     mesh: Mesh,
     state: Any,
+    parallel: str = "jit",
 ) -> Callable[..., Any]:
     """The compiled, donated update step of an RL algorithm, SFT or a preference loss, with
     non-finite skipping.
 
-    Jitted over `mesh` with the shardings of `state` (`train_state_shardings`); cached by
-    `(objective_config, graphs, optim, mesh)` plus the state's structure, which fix the
-    shardings.
+    `parallel="jit"`: jitted over `mesh` with the shardings of `state`
+    (`train_state_shardings`). `parallel="pmap"`: the data-parallel step
+    (`jaxrl_llm.train.parallel.make_data_parallel_update_step`; the mesh must have
+    fsdp = tensor = 1), the state replicated. Cached by `(objective_config, graphs, optim,
+    mesh, parallel)` plus the state's structure, which fix the shardings.
 
     Args:
       objective_config: an `AlgorithmConfig` (RL), an `SFTConfig` or a `PreferenceConfig`.
@@ -160,6 +165,7 @@ def update_program(
       optim: the optimizer config (its `make_optimizer` built the state's optimizer state).
       mesh: the device mesh.
       state: a `TrainState` (concrete or abstract) of the run.
+      parallel: "jit" or "pmap" (the run's `parallel:`).
 
     Returns:
       `step(state, batch) -> (state, metrics)`; metrics include `optim/skipped` and the
@@ -179,11 +185,12 @@ def update_program(
       >>> step is update_program(SFTConfig(), graphs, optim, mesh, state)
       True
     """
-    key = (objective_config, graphs, optim, mesh, jax.tree.structure(state))
+    if parallel not in ("jit", "pmap"):
+        raise ValueError(f"update_program: `parallel` must be 'jit' or 'pmap', got {parallel!r}.")
+    key = (objective_config, graphs, optim, mesh, parallel, jax.tree.structure(state))
     if key in _UPDATE_CACHE:
         return _UPDATE_CACHE[key]
     optimizer = make_optimizer(optim)
-    shardings = train_state_shardings(state, mesh, optimizer)
     controller = None
     if isinstance(objective_config, SFTConfig):
         objective = sft_objective(objective_config, graphs)
@@ -192,18 +199,21 @@ def update_program(
     else:
         objective = rl_objective(objective_config, graphs)
         controller = kl_controller(objective_config.kl)
-    schedule = {"epochs": objective_config.epochs, "minibatches": objective_config.minibatches}
-    step = make_update_step(
-        objective,
-        optimizer,
-        **schedule,
-        accumulation_steps=optim.accumulation_steps,
-        shuffle=objective_config.shuffle,
-        kl_controller=controller,
-        mesh=mesh,
-        state_shardings=shardings,
-        skip_nonfinite=True,
-    )
+    schedule = {
+        "epochs": objective_config.epochs,
+        "minibatches": objective_config.minibatches,
+        "accumulation_steps": optim.accumulation_steps,
+        "shuffle": objective_config.shuffle,
+        "kl_controller": controller,
+        "skip_nonfinite": True,
+    }
+    if parallel == "pmap":
+        step = make_data_parallel_update_step(objective, optimizer, mesh=mesh, **schedule)
+    else:
+        shardings = train_state_shardings(state, mesh, optimizer)
+        step = make_update_step(
+            objective, optimizer, **schedule, mesh=mesh, state_shardings=shardings
+        )
     if len(_UPDATE_CACHE) >= _CACHE_SIZE:
         _UPDATE_CACHE.pop(next(iter(_UPDATE_CACHE)))
     _UPDATE_CACHE[key] = step

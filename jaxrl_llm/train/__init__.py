@@ -58,6 +58,7 @@ from jaxrl_llm.train.optim import (
     make_schedule,
     weight_decay_mask,
 )
+from jaxrl_llm.train.parallel import check_data_parallel, make_data_parallel_update_step
 from jaxrl_llm.train.params import ModelGraphs, param_path, reference_params, split_models
 from jaxrl_llm.train.preference import (
     PreferenceBatch,
@@ -101,6 +102,7 @@ __all__ = [
     "TrainState",
     "batch_sharding",
     "build_rl_batch",
+    "check_data_parallel",
     "check_preference_batch",
     "check_rl_batch",
     "check_sequence_batch",
@@ -117,6 +119,7 @@ __all__ = [
     "kto_kl_sequences",
     "learning_rate",
     "loss_and_grads",
+    "make_data_parallel_update_step",
     "make_logprob_fn",
     "make_optimizer",
     "make_schedule",

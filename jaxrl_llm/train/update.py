@@ -33,6 +33,24 @@ counter and the shuffling key still advance: the batch was consumed). The metric
 that term was non-finite in some micro-batch, plus `nonfinite/grad_norm`. The check costs the
 previous parameters and optimizer state staying alive until the end of the step (an extra copy
 of both when the step makes more than one optimizer update).
+
+Data parallelism (`axis_name`): the same step runs as one shard of a `jax.shard_map` (or
+`jax.pmap`) over a named axis of `D` devices (`jaxrl_llm.train.parallel`), each holding a
+replica of the state and `n = N/D` rows of the batch. Then
+
+    counts of each micro-batch      psum over the axis      (global token / sequence counts)
+    grad_scale                      k·D                     so that pmean(∇(k·D·L_d)) = k·∇L
+    gradients                       lax.pmean               every replica applies the same update
+    metric sums / counts, maxes     lax.psum / lax.pmax     the means of the whole batch
+    KL controller                   sees N = n·D rows
+
+so every replica computes the parameters of the single-device step on the whole batch (up to
+the order of float additions). Minibatch `m` holds the rows `≡ m (mod M)` and micro-batch `i`
+those with `⌊row/M⌋ ≡ i (mod k)`; with `n` a multiple of `M·k` a device's block of rows
+splits into the same classes, so the local strided split selects exactly the jit path's
+micro-batches. A shuffled epoch (`shuffle` and `minibatches > 1`) permutes the *global* rows
+with the replicated key: each device all-gathers the batch (`N` rows per device for the
+step's duration) and takes its block of the permuted order.
 """
 
 from __future__ import annotations
@@ -48,11 +66,12 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import losses
 from jaxrl_llm.train.batch import Normalizers
-from jaxrl_llm.train.metrics import micro_batch_stats, reduce_stats
+from jaxrl_llm.train.metrics import MicroStats, micro_batch_stats, reduce_stats
 from jaxrl_llm.train.objectives import Objective
 from jaxrl_llm.train.optim import has_learning_rate, learning_rate
 from jaxrl_llm.train.shardings import batch_sharding
 from jaxrl_llm.train.state import TrainState
+from sharding.constraints import out_sharding
 
 GradFn = Callable[..., tuple[Any, jax.Array, dict[str, jax.Array]]]
 
@@ -100,7 +119,7 @@ def loss_and_grads(
     return grads, loss, metrics
 
 
-def _micro_batches(batch: Any, rows: jax.Array | None, minibatches: int, k: int) -> Any:
+def _micro_batches(batch: Any, minibatches: int, k: int) -> Any:
     """`[N, ...]` leaves → `[M·k, N/(M·k), ...]`, ordered minibatch-major.
 
     Minibatch `m` holds rows `m, m + M, m + 2M, …` whatever `k` is (so accumulation never
@@ -109,8 +128,6 @@ def _micro_batches(batch: Any, rows: jax.Array | None, minibatches: int, k: int)
     """
 
     def split(x: jax.Array) -> jax.Array:
-        if rows is not None:
-            x = x[rows]
         n = x.shape[0] // (minibatches * k)
         x = x.reshape(n, k, minibatches, *x.shape[1:])  # [r, i, m] = row m + M·(i + k·r)
         x = jnp.moveaxis(x, 0, 2)  # [k, M, n, ...]
@@ -120,8 +137,9 @@ def _micro_batches(batch: Any, rows: jax.Array | None, minibatches: int, k: int)
     return jax.tree.map(split, batch)
 
 
-def _update_norms(counts: Normalizers, minibatches: int, k: int) -> Normalizers:
-    """Each micro-batch gets the summed counts of the `k` micro-batches of its optimizer update."""
+def _update_norms(counts: Normalizers, minibatches: int, k: int, devices: int = 1) -> Normalizers:
+    """Each micro-batch gets the summed counts of the `k` micro-batches of its optimizer update;
+    its loss is scaled by `k·devices` (`MultiSteps` and a `pmean` each average)."""
 
     def group_total(x: jax.Array) -> jax.Array:
         return jnp.repeat(jnp.sum(x.reshape(minibatches, k), axis=1), k)
@@ -129,7 +147,7 @@ def _update_norms(counts: Normalizers, minibatches: int, k: int) -> Normalizers:
     return Normalizers(
         num_tokens=group_total(counts.num_tokens),
         num_seqs=group_total(counts.num_seqs),
-        grad_scale=jnp.full((minibatches * k,), float(k), jnp.float32),
+        grad_scale=jnp.full((minibatches * k,), float(k * devices), jnp.float32),
     )
 
 
@@ -148,6 +166,39 @@ def _applied_grad_norm(grads: Any, opt_state: Any, k: int) -> tuple[jax.Array, j
         opt_state.acc_grads,
     )
     return optax.tree.norm(mean), (i == k - 1).astype(jnp.float32)
+
+
+def _take_rows(x: jax.Array, rows: jax.Array) -> jax.Array:
+    """`x[rows]`; under Explicit mesh axes the result keeps `x`'s row sharding (a gather along
+    a sharded axis cannot infer it)."""
+    names = ("batch",) + (None,) * (x.ndim - 1)
+    if out_sharding(names, shape=x.shape) is None:  # no mesh, or Auto axes
+        return x[rows]
+    return x.at[rows].get(out_sharding=jax.typeof(x).sharding.spec)
+
+
+def _global_rows(batch: Any, rows: jax.Array, axis_name: str | None) -> Any:
+    """The batch in the order `rows` of the global batch; with an axis, this device's block.
+
+    Inside a data-parallel step the rows of the permuted global batch that land on device `d`
+    are `d·n … (d+1)·n − 1` (module docstring), so each device gathers every row first.
+    """
+    if axis_name is None:
+        return jax.tree.map(lambda x: _take_rows(x, rows), batch)
+    n = jax.tree.leaves(batch)[0].shape[0]
+    mine = jax.lax.dynamic_slice_in_dim(rows, jax.lax.axis_index(axis_name) * n, n)
+    return jax.tree.map(lambda x: jax.lax.all_gather(x, axis_name, axis=0, tiled=True)[mine], batch)
+
+
+def _across_devices(stats: MicroStats, axis_name: str | None) -> MicroStats:
+    """Sum the metric parts (sums, counts) over the data-parallel axis; maxes take the max."""
+    if axis_name is None:
+        return stats
+    return MicroStats(
+        sums=jax.lax.psum(stats.sums, axis_name),
+        counts=jax.lax.psum(stats.counts, axis_name),
+        maxes=jax.lax.pmax(stats.maxes, axis_name),
+    )
 
 
 def _nonfinite_flags(loss: jax.Array, metrics: dict[str, jax.Array], grad_norm: jax.Array) -> dict:
@@ -175,6 +226,7 @@ def update_step(
     kl_controller: losses.KLController | None = None,
     grad_fn: GradFn | None = None,
     skip_nonfinite: bool = False,
+    axis_name: str | None = None,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """One update on one batch: `epochs × minibatches` optimizer updates (module docstring).
 
@@ -192,10 +244,13 @@ def update_step(
         `minibatches > 1` (one minibatch sees all rows whatever their order).
       kl_controller: updates `state.kl` after the step from the metric `kl/seq_k1` (None: β
         stays as it is).
-      grad_fn: replaces `loss_and_grads` (same signature without `objective`), e.g. a
-        data-parallel wrapper.
+      grad_fn: replaces `loss_and_grads` (same signature without `objective`); with
+        `axis_name` its gradients are still averaged over the axis.
       skip_nonfinite: skip the whole step when a loss or gradient is non-finite (module
         docstring); adds `optim/skipped` and the `nonfinite/…` flags to the metrics.
+      axis_name: run as one replica of a data-parallel step over this named axis (inside
+        `jax.shard_map` / `jax.pmap`; module docstring): `batch` holds this device's `n` rows,
+        `n` divisible by `minibatches × accumulation_steps`. None: the whole batch is here.
 
     Returns:
       `(new_state, metrics)`: metrics are float32 scalars reduced over all micro-batches as
@@ -234,9 +289,11 @@ def update_step(
     k = accumulation_steps
     parts = minibatches * k
     N = jax.tree.leaves(batch)[0].shape[0]
+    devices = 1 if axis_name is None else jax.lax.axis_size(axis_name)
     if N % parts:
+        held = "rows" if axis_name is None else f"rows on each of the {devices} devices"
         raise ValueError(
-            f"{where}: the batch has N = {N} rows, not divisible into minibatches × "
+            f"{where}: the batch has N = {N} {held}, not divisible into minibatches × "
             f"accumulation_steps = {minibatches} × {k} = {parts} equal micro-batches."
         )
     if (k > 1) != isinstance(state.opt_state, optax.MultiStepsState):
@@ -245,6 +302,13 @@ def update_step(
             "state iff accumulation_steps > 1; build both from the same OptimConfig)."
         )
     grads_of = grad_fn or functools.partial(loss_and_grads, objective)
+    if axis_name is not None:
+        local_grads_of = grads_of
+
+        def grads_of(*args: Any) -> tuple[Any, jax.Array, dict[str, jax.Array]]:
+            grads, loss, metrics = local_grads_of(*args)
+            return jax.lax.pmean(grads, axis_name), loss, metrics
+
     key, next_key = jax.random.split(state.key)
     frozen, kl_coef = state.frozen, state.kl.beta
 
@@ -261,7 +325,7 @@ def update_step(
             metrics,
             num_tokens=local.num_tokens,
             num_seqs=local.num_seqs,
-            loss_weight=1.0 / k,
+            loss_weight=1.0 / (k * devices),  # the devices' shares of a loss add up
             optim_weight=applied,
         )
         stats.maxes.update(flags)  # reduced by max: 1.0 if any micro-batch was non-finite
@@ -269,19 +333,22 @@ def update_step(
 
     def epoch(carry: tuple[Any, Any], epoch_key: jax.Array) -> Any:
         # with one minibatch the update does not depend on the row order: no permutation
-        rows = jax.random.permutation(epoch_key, N) if shuffle and minibatches > 1 else None
-        micro = _micro_batches(batch, rows, minibatches, k)
+        rows = batch
+        if shuffle and minibatches > 1:
+            rows = _global_rows(batch, jax.random.permutation(epoch_key, N * devices), axis_name)
+        micro = _micro_batches(rows, minibatches, k)
         local = jax.vmap(objective.normalizers)(micro)
-        norms = _update_norms(local, minibatches, k)
+        counts = local if axis_name is None else jax.lax.psum(local, axis_name)
+        norms = _update_norms(counts, minibatches, k, devices)
         return jax.lax.scan(micro_step, carry, (micro, norms, local))
 
     (params, opt_state), stats = jax.lax.scan(
         epoch, (state.params, state.opt_state), jax.random.split(key, epochs)
     )
-    metrics = reduce_stats(stats)
+    metrics = reduce_stats(_across_devices(stats, axis_name))
     kl = state.kl
     if kl_controller is not None and "kl/seq_k1" in metrics:
-        kl = kl_controller.update(kl, metrics["kl/seq_k1"], N)
+        kl = kl_controller.update(kl, metrics["kl/seq_k1"], N * devices)
     if skip_nonfinite:
         ok = metrics["nonfinite/total"] + metrics["nonfinite/grad_norm"] == 0
 

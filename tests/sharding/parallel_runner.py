@@ -1,0 +1,191 @@
+"""Run by `test_parallel.py` with 8 simulated CPU devices (`python -m` this module).
+
+One tiny GRPO problem (`tests/sharding/parallel_problem.py`) trained for 3 update steps:
+
+- on 1 device (`make_update_step` without a mesh): the reference;
+- with the jit update over the meshes (data, fsdp, tensor) = (8,1,1), (1,8,1), (2,2,2),
+  (1,4,2) (automatic axes, as `jaxrl-llm train` builds them), the state placed by
+  `train_state_shardings`;
+- with the data-parallel update (`parallel: pmap`) on (8,1,1) under Explicit axes.
+
+Each run's parameters, optimizer state, KL coefficient and metrics must match the reference
+within `TOLERANCE` (float32). On every mesh each large matrix (and its Adam moments) must hold
+`1 / (fsdp · tensor)` of its bytes per device. The compiled sampler on (8,1,1), (1,8,1) and
+(1,4,2) must draw the tokens of one device ((2,2,2) under automatic axes is
+`tests/sampler/test_sharded.py`'s check). `jaxrl-llm train` with `parallel: pmap` must log the
+metrics of `parallel: jit` on 8 devices. The data-parallel step refuses meshes with
+fsdp/tensor > 1 and batches whose rows do not split. Prints `RESULT {json}` with the measured
+differences.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import tempfile
+import time
+
+import jax
+import numpy as np
+
+from jaxrl_llm.cli import main as cli
+from jaxrl_llm.train import make_update_step, train_state_shardings
+from jaxrl_llm.train.parallel import make_data_parallel_update_step
+from sharding import MeshConfig, make_mesh
+from tests.runner.helpers import CONFIGS, TINY, train_records
+from tests.sharding import parallel_problem as problem
+
+JIT_MESHES = ((8, 1, 1), (1, 8, 1), (2, 2, 2), (1, 4, 2))
+PMAP_MESH = (8, 1, 1)
+EXPLICIT_MESH = (2, 2, 2)
+SAMPLER_MESHES = ((8, 1, 1), (1, 8, 1), (1, 4, 2))
+TOLERANCE = problem.TOLERANCE
+_T0 = time.perf_counter()
+
+
+def _log(message: str) -> None:
+    wall, cpu = time.perf_counter() - _T0, time.process_time()
+    print(f"[{wall:6.1f}s wall, {cpu:6.1f}s cpu] {message}", flush=True)
+
+
+def check_large_matrices_are_split(state, sizes) -> None:
+    """Per-device bytes of every large matrix (and its Adam moments) = total / (fsdp · tensor)."""
+    _, fsdp, tensor = sizes
+    mu = problem.adam_moments(state.opt_state)
+    checked = 0
+    for tree in (state.params, mu):
+        for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+            if leaf.ndim < 2 or leaf.size < problem.LARGE:
+                continue
+            per_device = {s.data.nbytes for s in leaf.addressable_shards}
+            expected = leaf.nbytes // (fsdp * tensor)
+            assert per_device == {expected}, (jax.tree_util.keystr(path), sizes, per_device)
+            checked += 1
+    assert checked >= 2 * problem.LARGE_MATRICES, checked
+
+
+def run_jit(sizes, batch, reference, axis_types="auto"):
+    mesh = make_mesh(
+        MeshConfig(data=sizes[0], fsdp=sizes[1], tensor=sizes[2], axis_types=axis_types)
+    )
+    state = problem.initial_state()
+    shardings = train_state_shardings(state, mesh, problem.OPTIMIZER)
+    state = jax.device_put(state, shardings)
+    step = make_update_step(
+        problem.objective(),
+        problem.OPTIMIZER,
+        **problem.SCHEDULE,
+        mesh=mesh,
+        state_shardings=shardings,
+    )
+    state, metrics = problem.train(step, state, jax.device_put(batch, problem.rows_on(mesh)))
+    check_large_matrices_are_split(state, sizes)
+    return problem.differences(state, metrics, reference)
+
+
+def run_pmap(batch, reference):
+    mesh = make_mesh(MeshConfig(data=PMAP_MESH[0], fsdp=1, tensor=1))  # Explicit axes
+    step = make_data_parallel_update_step(
+        problem.objective(), problem.OPTIMIZER, **problem.SCHEDULE, mesh=mesh
+    )
+    state = jax.device_put(problem.initial_state(), problem.replicated(mesh))
+    state, metrics = problem.train(step, state, jax.device_put(batch, problem.rows_on(mesh)))
+    for leaf in jax.tree.leaves(state.params):  # a full replica on every device
+        assert {s.data.nbytes for s in leaf.addressable_shards} == {leaf.nbytes}
+    return problem.differences(state, metrics, reference)
+
+
+def check_pmap_refusals(batch) -> None:
+    try:
+        make_data_parallel_update_step(
+            problem.objective(), problem.OPTIMIZER, mesh=make_mesh(MeshConfig(data=4, fsdp=2))
+        )
+    except ValueError as err:
+        assert "fsdp = tensor = 1" in str(err) and "fsdp=2" in str(err), err
+    else:
+        raise AssertionError("the data-parallel step accepted fsdp = 2")
+    mesh = make_mesh(MeshConfig(data=8))
+    step = make_data_parallel_update_step(
+        problem.objective(), problem.OPTIMIZER, **problem.SCHEDULE, mesh=mesh
+    )
+    rows = 8 * 3  # 3 rows per device, 2 minibatches × 2 micro-batches
+    short = jax.tree.map(lambda x: x[:rows], batch)
+    try:
+        step(jax.device_put(problem.initial_state(), problem.replicated(mesh)), short)
+    except ValueError as err:
+        assert "N = 3 rows on each of the 8 devices" in str(err), err
+    else:
+        raise AssertionError("the data-parallel step accepted 3 rows per device")
+
+
+def check_sampler() -> int:
+    """The compiled sampler on every mesh (parameters placed by their logical axes) draws the
+    one-device tokens; returns how many tokens were compared."""
+    single = problem.sample(None)
+    for sizes in SAMPLER_MESHES:
+        out = problem.sample(sizes)
+        np.testing.assert_array_equal(out["tokens"], single["tokens"], err_msg=str(sizes))
+        np.testing.assert_array_equal(out["lengths"], single["lengths"], err_msg=str(sizes))
+        np.testing.assert_allclose(out["logprobs"], single["logprobs"], atol=1e-5)
+    return int(single["tokens"].size)
+
+
+def check_runner() -> float:
+    """`jaxrl-llm train` (GRPO, 2 steps, 8 prompts × 2 samples) with `parallel: pmap` logs the
+    metrics of `parallel: jit` on the same 8-device data mesh; returns the largest relative
+    difference."""
+    overrides = [
+        *TINY,
+        "train.prompts_per_step=8",
+        "train.eval_prompts=0",
+        "checkpoint.every=100",
+        "export.enabled=false",
+        "mesh={data: 8, fsdp: 1, tensor: 1, axis_types: auto}",
+    ]
+    runs = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for parallel in ("jit", "pmap"):
+            run_dir = pathlib.Path(tmp) / parallel
+            argv = ["train", str(CONFIGS / "grpo.yaml"), *overrides, f"parallel={parallel}"]
+            assert cli([*argv, "--run-dir", str(run_dir)]) == 0, parallel
+            runs[parallel] = train_records(run_dir)
+    jit, pmap = runs["jit"], runs["pmap"]
+    assert [r["step"] for r in pmap] == [1, 2], pmap
+    worst = 0.0
+    for a, b in zip(jit, pmap, strict=True):
+        assert sorted(a) == sorted(b)
+        for key, value in a.items():
+            if isinstance(value, float | int):
+                worst = max(worst, abs(value - b[key]) / max(1.0, abs(value)))
+    assert worst <= TOLERANCE, worst
+    return worst
+
+
+def main() -> None:
+    assert jax.device_count() == 8, f"expected 8 devices, got {jax.device_count()}"
+    batch = problem.batch()
+    _log("batch ready")
+    reference = problem.reference_run(batch)
+    _log("1-device reference")
+    results = {}
+    for sizes in JIT_MESHES:
+        results["jit" + str(sizes)] = run_jit(sizes, batch, reference)
+        _log(f"jit {sizes}")
+    # Explicit axes: the model names its ops' layouts and the epoch shuffle keeps the row split
+    results["jit_explicit" + str(EXPLICIT_MESH)] = run_jit(
+        EXPLICIT_MESH, batch, reference, axis_types="explicit"
+    )
+    _log(f"jit explicit {EXPLICIT_MESH}")
+    results["pmap" + str(PMAP_MESH)] = run_pmap(batch, reference)
+    _log("pmap")
+    check_pmap_refusals(batch)
+    _log("refusals")
+    results["sampler_tokens"] = check_sampler()
+    _log("sampler")
+    results["runner_metrics"] = check_runner()
+    _log("runner")
+    print("RESULT " + json.dumps(results), flush=True)
+
+
+if __name__ == "__main__":
+    main()

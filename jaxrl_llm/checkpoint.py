@@ -1,13 +1,15 @@
 """Orbax checkpoints of the train state: periodic async saves, atomic steps, sharded restore.
 
-One step directory `DIR/<step>/` holds two items:
+One step directory `DIR/<step>/` holds three items:
 
     state   the train state pytree (`TrainState`: params, optimizer state, step, typed PRNG
             key, KL controller ...), written with `orbax` `StandardSave`: every process writes
             the shards it holds (OCDBT, one file set per process), so a multi-host run never
             gathers the parameters on one host;
     meta    a JSON mapping chosen by the training loop (data iterator position
-            `IteratorState._asdict()`, config hash, metrics so far ...), written by process 0.
+            `IteratorState._asdict()`, config hash, metrics so far ...), written by process 0;
+    checksums  two 32-bit checksums per leaf of `state` (JSON), computed on the devices
+            before the save and checked after every restore.
 
 Guarantees (each pinned by a test in `tests/checkpoint/`):
 
@@ -26,6 +28,18 @@ Guarantees (each pinned by a test in `tests/checkpoint/`):
   (data=8, fsdp=1, tensor=1) restores onto (2, 2, 2) or onto one device.
 - **Checked.** Restoring into a target of another model raises a `ValueError` that names the
   first mismatching leaves and both shapes / dtypes, before any data is read.
+- **Verified.** The array files are compressed without a checksum of their own, so a flipped
+  bit on disk can restore as a silently different value. Each leaf's stored bits are therefore
+  summarised as `(Σ_i w_i, Σ_i mix(w_i)) mod 2³²` over its 32-bit words `w_i` (16- and 8-bit
+  values widened, 64-bit values split in two, typed keys as their key data; `mix(w) = (w ⊕
+  (w >> 15))·0x9E3779B1`). Integer sums are exact in any order, so the checksums do not
+  depend on the sharding: a resharded restore is checked too. A restored leaf whose checksums
+  differ, or a file that orbax cannot read (truncated, missing), raises a `ValueError` naming
+  the step, the leaves or the cause, and the older step to fall back to; a step whose
+  metadata cannot be read is skipped like an unfinished one, with a warning
+  (`unreadable_steps`). Checkpoints written before checksums existed restore unchecked.
+  `tests/checkpoint/test_corruption.py` flips bytes in every file of a step: each flip raises
+  or restores the saved values exactly, never a silently different value.
 
 Multi-host: every process constructs the `Checkpointer` on the same (shared) directory and calls
 `maybe_save` / `save` / `restore` with the same steps; orbax synchronises the processes.
@@ -39,6 +53,7 @@ import math
 import os
 import pathlib
 import re
+import sys
 import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -56,6 +71,8 @@ __all__ = [
 
 _STATE = "state"
 _META = "meta"
+_CHECKSUMS = "checksums"
+_MIX = 0x9E3779B1  # an odd multiplier (2^32 / golden ratio): mixes the bits of each word
 _TMP_STEP = re.compile(r"^(\d+)\.orbax-checkpoint-tmp")
 _MAX_LISTED = 5
 
@@ -212,6 +229,92 @@ def _check_matches(saved_tree: Any, target: Any, *, where: str) -> None:
         )
 
 
+def _checkable(dtype: Any) -> bool:
+    """Whether a leaf's bits can be checksummed (typed keys, bool, 8/16/32/64-bit numbers)."""
+    if _is_prng_key(dtype) or dtype == np.bool_:
+        return True
+    return (
+        jax.dtypes.issubdtype(dtype, np.number)
+        and not jax.dtypes.issubdtype(dtype, np.complexfloating)
+        and jax.dtypes.itemsize_bits(dtype) in (8, 16, 32, 64)
+    )
+
+
+def _leaf_checksum(x: jax.Array) -> jax.Array:
+    """`[Σ w, Σ mix(w)] mod 2³²` over the 32-bit words `w` of the leaf's bits (module docstring)."""
+    if _is_prng_key(x.dtype):
+        x = jax.random.key_data(x)
+    if x.dtype == np.bool_:
+        words = x.astype(np.uint32)
+    else:
+        unsigned = {8: np.uint8, 16: np.uint16, 32: np.uint32, 64: np.uint32}
+        bits = jax.lax.bitcast_convert_type(x, unsigned[jax.dtypes.itemsize_bits(x.dtype)])
+        words = bits.astype(np.uint32)  # 64-bit values: two words each (a trailing axis of 2)
+    mixed = (words ^ (words >> 15)) * np.uint32(_MIX)
+    return jax.numpy.stack(
+        [jax.numpy.sum(words, dtype=np.uint32), jax.numpy.sum(mixed, dtype=np.uint32)]
+    )
+
+
+@jax.jit
+def _checksum_leaves(leaves: list[jax.Array]) -> list[jax.Array]:
+    return [_leaf_checksum(x) for x in leaves]
+
+
+def _checksums(state: Any) -> dict[str, list[int]]:
+    """`{leaf name: [sum, mixed sum]}` of every checkable leaf, computed on the devices."""
+    named = [
+        (_leaf_name(path), leaf)
+        for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]
+        if _checkable(leaf.dtype)
+    ]
+    sums = jax.device_get(_checksum_leaves([leaf for _, leaf in named]))
+    return {name: [int(a), int(b)] for (name, _), (a, b) in zip(named, sums, strict=True)}
+
+
+def _verify_checksums(restored: Any, saved: Mapping[str, Any], *, where: str, advice: str) -> None:
+    """Raise `ValueError` naming the restored leaves whose checksums differ from the saved ones."""
+    now = _checksums(restored)
+    differ = [name for name, sums in saved.items() if name in now and now[name] != list(sums)]
+    if differ:
+        raise ValueError(
+            f"Checkpointer.restore: {where} is corrupt: the restored values of "
+            f"{_listed(differ)} differ from the saved ones (checksum mismatch: the files "
+            f"changed on disk after the save); {advice}."
+        )
+
+
+def _silence_closed_loop_reports() -> None:
+    """Drop the "Event loop is closed" reports of orbax reads that outlive a failed restore.
+
+    When one read of a restore fails, the reads still in flight finish later and post their
+    results to the event loop that orbax has already closed. Python reports each of those as
+    an unraisable `RuntimeError` with a traceback on stderr, dozens of them, which would bury
+    the one clear error `restore` raises. Installed once per process, on the first failed
+    restore; every other unraisable exception still reaches the previous hook.
+    """
+    previous = sys.unraisablehook
+    if getattr(previous, "_drops_closed_loop_reports", False):
+        return
+
+    def hook(unraisable: Any) -> None:
+        err = unraisable.exc_value
+        if isinstance(err, RuntimeError) and str(err) == "Event loop is closed":
+            return
+        previous(unraisable)
+
+    hook._drops_closed_loop_reports = True  # type: ignore[attr-defined]
+    sys.unraisablehook = hook
+
+
+def _root_cause(err: BaseException) -> str:
+    """The first line of the innermost cause of an exception (orbax wraps TensorStore errors)."""
+    while err.__cause__ is not None:
+        err = err.__cause__
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0] if lines else ''}"
+
+
 def _json_round_trip(meta: Any) -> dict[str, Any]:
     """`meta` if it survives JSON unchanged, else a ValueError naming the offending key."""
     if not isinstance(meta, Mapping):
@@ -316,6 +419,7 @@ class Checkpointer:
             item_handlers={
                 _STATE: ocp.StandardCheckpointHandler(),
                 _META: ocp.JsonCheckpointHandler(),
+                _CHECKSUMS: ocp.JsonCheckpointHandler(),
             },
         )
 
@@ -368,12 +472,26 @@ class Checkpointer:
         """
         return sorted(s for s in self._manager.all_steps() if self._is_complete(s))
 
+    def unreadable_steps(self) -> list[int]:
+        """Step directories that are not complete checkpoints (unreadable metadata or items).
+
+        A save that did not finish never reaches its step directory (see the module docstring),
+        so these are damaged after the fact; they are skipped by `restore`, with a warning.
+
+        Examples:
+          >>> import tempfile
+          >>> with Checkpointer(tempfile.mkdtemp(), save_every=1) as ckpt:
+          ...     ckpt.unreadable_steps()
+          []
+        """
+        return sorted(s for s in self._manager.all_steps() if not self._is_complete(s))
+
     def _is_complete(self, step: int) -> bool:
         """Both items are present and readable through orbax's metadata API."""
         try:
             metadata = self._manager.item_metadata(step)
-        except (OSError, ValueError, KeyError):
-            return False
+        except Exception:  # damaged metadata fails in many ways (a corrupt sharding record
+            return False  # raises NotImplementedError): the step is not restorable as it is
         state = metadata.get(_STATE) if metadata is not None else None
         return state is not None and _META in metadata
 
@@ -456,7 +574,11 @@ class Checkpointer:
             )
             self._manager.delete(step)
         args = ocp.args.Composite(
-            **{_STATE: ocp.args.StandardSave(state), _META: ocp.args.JsonSave(meta)}
+            **{
+                _STATE: ocp.args.StandardSave(state),
+                _META: ocp.args.JsonSave(meta),
+                _CHECKSUMS: ocp.args.JsonSave(_checksums(state)),
+            }
         )
         try:
             return bool(self._manager.save(step, args=args, force=True))
@@ -485,8 +607,10 @@ class Checkpointer:
           `(state, meta)`: the restored state (bit-for-bit the saved values) and the JSON meta.
 
         Raises:
-          ValueError: no complete checkpoint (or not the requested step), or the checkpoint does
-            not match the target (names, shapes, dtypes; the message lists the first ones).
+          ValueError: no complete checkpoint (or not the requested step), the checkpoint does
+            not match the target (names, shapes, dtypes; the message lists the first ones), its
+            files cannot be read (truncated, missing), or the restored values differ from the
+            saved ones (checksums; the message names the leaves).
 
         Examples:
           >>> import tempfile, jax.numpy as jnp
@@ -508,24 +632,49 @@ class Checkpointer:
                     f"Checkpointer.restore: `step` {step} has no complete checkpoint in "
                     f"{self.directory}; complete steps: {self.all_steps() or 'none'}."
                 )
+        where = f"step {step} in {self.directory}"
         saved = self._manager.item_metadata(step)[_STATE]
-        _check_matches(saved.tree, target, where=f"step {step} in {self.directory}")
-        restored = self._manager.restore(
-            step,
-            args=ocp.args.Composite(
-                **{_STATE: ocp.args.StandardRestore(target), _META: ocp.args.JsonRestore()}
-            ),
-        )
+        _check_matches(saved.tree, target, where=where)
+        items = {_STATE: ocp.args.StandardRestore(target), _META: ocp.args.JsonRestore()}
+        checked = (self.directory / str(step) / _CHECKSUMS).is_dir()  # absent: older checkpoints
+        if checked:
+            items[_CHECKSUMS] = ocp.args.JsonRestore()
+        try:
+            restored = self._manager.restore(step, args=ocp.args.Composite(**items))
+        except Exception as err:  # any failure to read the files: name the step and the cause
+            _silence_closed_loop_reports()
+            raise ValueError(
+                f"Checkpointer.restore: {where} is unreadable (corrupt or truncated files: "
+                f"{_root_cause(err)}); {self._fallback_advice(step)}."
+            ) from err
+        if checked:
+            _verify_checksums(
+                restored[_STATE],
+                restored[_CHECKSUMS],
+                where=where,
+                advice=self._fallback_advice(step),
+            )
         return restored[_STATE], dict(restored[_META])
+
+    def _fallback_advice(self, step: int) -> str:
+        older = [s for s in self.all_steps() if s < step]
+        if not older:
+            return "there is no older complete step to fall back to"
+        return f"move {self.directory / str(step)} away to restore step {older[-1]} instead"
 
     def _latest_for_restore(self) -> int:
         """The newest complete step; warns about newer incomplete ones (once per instance)."""
         latest = self.latest_step()
         if latest is None:
-            ignored = f" (unfinished saves of steps {sorted(self._unfinished)} are ignored)"
+            notes = []
+            if self._unfinished:
+                notes.append(f"unfinished saves of steps {sorted(self._unfinished)} are ignored")
+            unreadable = self.unreadable_steps()
+            if unreadable:
+                notes.append(f"step(s) {unreadable} cannot be read (damaged files)")
             raise ValueError(
                 f"Checkpointer.restore: no complete checkpoint in {self.directory}"
-                + (ignored if self._unfinished else "")
+                + (f" ({'; '.join(notes)})" if notes else "")
                 + "."
             )
         skipped = {s for s in self._unfinished if s > latest}

@@ -2,14 +2,16 @@
 
 One loader for every component config (DESIGN.md §6, STYLE.md §3.9): unknown keys fail with a
 "did you mean" suggestion, values are checked against the field's annotation (bool, int, float,
-str, `Literal[...]`, `X | None`, nested dataclasses and tuples of them), and the error names the
-key path, the expected type or allowed values, and what was received.
+str, `Literal[...]`, `X | None`, nested dataclasses and tuples of them; a float must be finite:
+YAML's `.nan` / `.inf` are rejected), and the error names the key path, the expected type or
+allowed values, and what was received.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import pathlib
 import types
 import typing
@@ -63,8 +65,9 @@ def build(cls: type[T], data: Any, *, path: str = "") -> T:
         if key not in fields:
             close = difflib.get_close_matches(str(key), list(fields), n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else ""
+            where = f"{path}: " if path else ""
             raise ConfigError(
-                f"{prefix}unknown key '{key}'{hint}; allowed keys: {', '.join(fields)}"
+                f"{where}unknown key '{key}'{hint}; allowed keys: {', '.join(fields)}"
             )
     kwargs = {k: _convert(hints[k], v, f"{prefix}{k}") for k, v in data.items()}
     try:
@@ -109,6 +112,8 @@ def _convert(annotation: Any, value: Any, path: str) -> Any:
     if annotation is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"{path}: expected a number, got {value!r}.")
+        if not math.isfinite(value):  # YAML's .nan / .inf: never a meaningful setting
+            raise ConfigError(f"{path}: expected a finite number, got {value!r}.")
         return float(value)
     if annotation is str:
         if not isinstance(value, str):

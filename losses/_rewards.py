@@ -29,22 +29,33 @@ def real_array(
     return as_float32(x)
 
 
-def flags(x: Any, shape: tuple[int, ...], name: str, *, where: str) -> Array:
-    """Validate a bool / {0,1} array of `shape` and return it as bool (`x > 0`)."""
+def flags(
+    x: Any, shape: tuple[int, ...], name: str, *, where: str, like: str | None = None
+) -> Array:
+    """Validate a bool / {0,1} array of `shape` and return it as bool (`x > 0`).
+
+    `like` names the argument whose shape `x` must have, for the error message.
+    """
+    check_shape(x, shape, name, where=where, like=like)
     return as_mask(x, shape, name, where=where) > 0
 
 
-def optional_flags(x: Any, shape: tuple[int, ...], name: str, *, where: str) -> Array:
+def optional_flags(
+    x: Any, shape: tuple[int, ...], name: str, *, where: str, like: str | None = None
+) -> Array:
     """`flags(x)`, or all True when `x` is None."""
     if x is None:
         return jnp.ones(shape, jnp.bool_)
-    return flags(x, shape, name, where=where)
+    return flags(x, shape, name, where=where, like=like)
 
 
-def check_shape(x: Any, shape: tuple[int, ...], name: str, *, where: str) -> None:
-    """Raise unless `x` has exactly `shape`."""
+def check_shape(
+    x: Any, shape: tuple[int, ...], name: str, *, where: str, like: str | None = None
+) -> None:
+    """Raise unless `x` has exactly `shape` (`like`: the argument that shape comes from)."""
     if jnp.shape(x) != tuple(shape):
-        raise ValueError(f"{where}: `{name}` must have shape {tuple(shape)}, got {jnp.shape(x)}.")
+        want = f"the shape of `{like}` {tuple(shape)}" if like else f"shape {tuple(shape)}"
+        raise ValueError(f"{where}: `{name}` must have {want}, got {jnp.shape(x)}.")
 
 
 def check_integer(x: Any, name: str, *, where: str) -> None:

@@ -34,6 +34,11 @@ def masked_quantile(x: Array, valid: Array, q: Any) -> Array:
       >>> float(masked_quantile(x, x < 5.0, 0.8))
       2.0
     """
+    if jnp.shape(valid) != jnp.shape(x):  # jnp.where would broadcast them into a wrong sample
+        raise ValueError(
+            f"masked_quantile: `valid` must have the shape of `x` {jnp.shape(x)}, got "
+            f"{jnp.shape(valid)}."
+        )
     flat = replicated(jnp.where(valid, x, jnp.inf).reshape(-1))
     ordered = jnp.sort(flat)
     n = jnp.sum(valid.astype(jnp.int32))

@@ -121,7 +121,7 @@ def truncation_penalty(rewards: ArrayLike, truncated: ArrayLike, *, coef: float)
     """
     where = "truncation_penalty"
     r = real_array(rewards, "rewards", where=where)
-    cut = flags(truncated, r.shape, "truncated", where=where)
+    cut = flags(truncated, r.shape, "truncated", where=where, like="rewards")
     check_number(coef, "coef", where=where, high=1.0)
     coef = jnp.asarray(coef, r.dtype)
     scaled = jnp.where(coef < 0, coef, coef * r)
@@ -201,7 +201,7 @@ def kimi_length_rewards(
     """
     where = "kimi_length_rewards"
     length, v = _grouped(lengths, "lengths", valid, where=where)
-    ok = flags(correct, length.shape, "correct", where=where)
+    ok = flags(correct, length.shape, "correct", where=where, like="lengths")
     lo = jnp.min(jnp.where(v, length, jnp.inf), axis=-1, keepdims=True)
     hi = jnp.max(jnp.where(v, length, -jnp.inf), axis=-1, keepdims=True)
     spread = hi - lo
@@ -262,9 +262,9 @@ def hapo_length_rewards(
     """
     where = "hapo_length_rewards"
     length = real_array(lengths, "lengths", where=where)
-    ok = flags(correct, length.shape, "correct", where=where)
+    ok = flags(correct, length.shape, "correct", where=where, like="lengths")
     h = real_array(history, "history", where=where)
-    check_shape(h, length.shape, "history", where=where)
+    check_shape(h, length.shape, "history", where=where, like="lengths")
     check_number(weight, "weight", where=where, low=0.0)
     check_number(floor, "floor", where=where)
     has_history = jnp.isfinite(h) & (h > 0)
@@ -318,8 +318,8 @@ def hapo_history_update(
     if ids.ndim != 1:
         raise ValueError(f"{where}: `prompt_ids` must be [N], got shape {ids.shape}.")
     length = real_array(lengths, "lengths", where=where)
-    check_shape(length, ids.shape, "lengths", where=where)
-    ok = flags(correct, ids.shape, "correct", where=where)
+    check_shape(length, ids.shape, "lengths", where=where, like="prompt_ids")
+    ok = flags(correct, ids.shape, "correct", where=where, like="prompt_ids")
     P = table.shape[0]
     in_range = (ids >= 0) & (ids < P)
     candidate = jnp.where(ok & in_range, length, jnp.inf).astype(table.dtype)
@@ -370,7 +370,7 @@ def accuracy_gated_rewards(
     """
     where = "accuracy_gated_rewards"
     c, v = _grouped(correct, "correct", valid, where=where)
-    check_shape(len_r, c.shape, "len_r", where=where)
+    check_shape(len_r, c.shape, "len_r", where=where, like="correct")
     length_r = zero_outside(real_array(len_r, "len_r", where=where), v)
     check_number(threshold, "threshold", where=where)
     check_number(lam, "lam", where=where)
@@ -410,7 +410,7 @@ def conciseness_gated_rewards(correct: ArrayLike, concise: ArrayLike, *, w: floa
     where = "conciseness_gated_rewards"
     c = real_array(correct, "correct", where=where)
     s = real_array(concise, "concise", where=where)
-    check_shape(s, c.shape, "concise", where=where)
+    check_shape(s, c.shape, "concise", where=where, like="correct")
     check_number(w, "w", where=where)
     # where(c != 0, ...) first: NaN in the score of a wrong answer stays out of the value
     return sg(jnp.where(c != 0, c * (1.0 + w * zero_outside(s, c != 0)), 0.0))
@@ -452,7 +452,7 @@ def drpo_positive_weights(
     """
     where = "drpo_positive_weights"
     r, v = _grouped(len_r, "len_r", valid, where=where)
-    positive = flags(correct, r.shape, "correct", where=where) & v
+    positive = flags(correct, r.shape, "correct", where=where, like="len_r") & v
     check_number(lam, "lam", where=where, low=0.0, low_open=True)
     logits = jnp.where(positive, r / lam, -jnp.inf)
     top = jnp.max(logits, axis=-1, keepdims=True)

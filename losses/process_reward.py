@@ -39,13 +39,14 @@ StepAggregation = Literal["min", "last", "prod", "mean"]
 STEP_AGGREGATIONS: tuple[str, ...] = ("min", "last", "prod", "mean")
 
 
-def _step_inputs(x: Any, y: Any, mask: Any, names: tuple[str, str], *, where: str) -> tuple:
-    """Validate two `[N,M]` arrays and their mask; return float32 `(x, sg(y), m, valid)`."""
+def _step_inputs(x: Any, y: Any, mask: Any, names: tuple[str, str, str], *, where: str) -> tuple:
+    """Validate two `[N,M]` arrays and their mask (`names`: the three argument names); return
+    float32 `(x, sg(y), m, valid)`."""
     check_rank(x, 2, names[0], where=where)
     check_floating(x, names[0], where=where)
     check_real(y, names[1], where=where)
     check_same_shape(x, names[0], where, **{names[1]: y})
-    m = as_mask(mask, jnp.shape(x), where=where)
+    m = as_mask(mask, jnp.shape(x), names[2], where=where)
     valid = m > 0
     xs = zero_outside(as_float32(x), valid)
     ys = jax.lax.stop_gradient(zero_outside(as_float32(y), valid))
@@ -157,7 +158,7 @@ def prm_bce_loss(
     where = "prm_bce_loss"
     check_choice(agg, AGG_MODES, "agg", where=where)
     z, y, m, valid = _step_inputs(
-        step_logits, labels, step_mask, ("step_logits", "labels"), where=where
+        step_logits, labels, step_mask, ("step_logits", "labels", "step_mask"), where=where
     )
     per_step = zero_outside(_bce_with_logits(z, y), valid)
     loss = aggregate(
@@ -212,7 +213,7 @@ def prm_mse_loss(
     """
     where = "prm_mse_loss"
     check_choice(agg, AGG_MODES, "agg", where=where)
-    v, y, m, valid = _step_inputs(values, targets, mask, ("values", "targets"), where=where)
+    v, y, m, valid = _step_inputs(values, targets, mask, ("values", "targets", "mask"), where=where)
     loss = aggregate(
         zero_outside((v - y) ** 2, valid),
         m,

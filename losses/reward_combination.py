@@ -88,8 +88,12 @@ def weighted_rewards(
         raise ValueError(f"{where}: `rewards` must be [..., K], got a scalar.")
     K = r.shape[-1]
     w = real_array(weights, "weights", where=where)
-    check_shape(w, (K,), "weights", where=where)
-    v = optional_flags(valid, r.shape, "valid", where=where)
+    if w.shape != (K,):
+        raise ValueError(
+            f"{where}: `weights` must have shape (K,) = ({K},), one weight per component on the "
+            f"last axis of `rewards` {r.shape}, got {w.shape}."
+        )
+    v = optional_flags(valid, r.shape, "valid", where=where, like="rewards")
     total = jnp.sum(zero_outside(r, v) * w, axis=-1)
     return WeightedRewards(rewards=sg(total), valid=jnp.any(v, axis=-1))
 
@@ -129,7 +133,7 @@ def rubric_rewards(met: ArrayLike, w: ArrayLike, *, valid: ArrayLike | None = No
             f"{where}: `w` must have shape {x.shape[1:]} (shared) or {x.shape} (per sample), "
             f"got {weights.shape}."
         )
-    v = optional_flags(valid, x.shape, "valid", where=where)
+    v = optional_flags(valid, x.shape, "valid", where=where, like="met")
     weights = zero_outside(jnp.broadcast_to(weights, x.shape), v)
     score = jnp.sum(zero_outside(x, v) * weights, axis=-1)
     attainable = jnp.sum(jnp.maximum(weights, 0.0), axis=-1)
@@ -164,7 +168,7 @@ def format_gated_rewards(
     """
     where = "format_gated_rewards"
     s = real_array(score, "score", where=where)
-    ok = flags(format_ok, s.shape, "format_ok", where=where)
+    ok = flags(format_ok, s.shape, "format_ok", where=where, like="score")
     check_number(fail_value, "fail_value", where=where)
     return sg(jnp.where(ok, s, jnp.asarray(fail_value, s.dtype)))
 
@@ -242,7 +246,7 @@ def gated_accumulated_rewards(
         raise ValueError(
             f"{where}: `step_rewards` must be [N,M] with N = {o.shape[0]}, got shape {s.shape}."
         )
-    m = flags(step_mask, s.shape, "step_mask", where=where)
+    m = flags(step_mask, s.shape, "step_mask", where=where, like="step_rewards")
     check_number(threshold, "threshold", where=where)
     dense = jnp.sum(zero_outside(s, m), axis=-1)
     return sg(o + jnp.where(o >= threshold, dense, 0.0))
@@ -307,6 +311,6 @@ def self_correction_bonus(r1: ArrayLike, r2: ArrayLike, *, alpha: float) -> Arra
     where = "self_correction_bonus"
     a = real_array(r1, "r1", where=where)
     b = real_array(r2, "r2", where=where)
-    check_shape(b, a.shape, "r2", where=where)
+    check_shape(b, a.shape, "r2", where=where, like="r1")
     check_number(alpha, "alpha", where=where)
     return sg(b + alpha * (b - a))

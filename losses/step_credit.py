@@ -54,7 +54,9 @@ def _step_values(x: Any, name: str, *, where: str) -> Array:
     return as_float32(x)
 
 
-def _boundary_differences(values: Any, step_mask: Any, *, where: str, name: str) -> Array:
+def _boundary_differences(
+    values: Any, step_mask: Any, *, where: str, name: str, mask_name: str = "step_mask"
+) -> Array:
     """`d_k = V_{k+1} − V_k` on valid steps, 0 elsewhere (see the module docstring)."""
     V = _step_values(values, name, where=where)
     N, M1 = V.shape
@@ -63,7 +65,7 @@ def _boundary_differences(values: Any, step_mask: Any, *, where: str, name: str)
             f"{where}: `{name}` must have M + 1 >= 2 boundary values per row ([N,M+1]), "
             f"got shape {V.shape}."
         )
-    valid = as_mask(step_mask, (N, M1 - 1), "step_mask", where=where) > 0
+    valid = as_mask(step_mask, (N, M1 - 1), mask_name, where=where) > 0
     pad = jnp.zeros_like(valid[:, :1])  # keeps the sharding of the rows
     used = jnp.concatenate([valid, pad], axis=1) | jnp.concatenate([pad, valid], axis=1)
     Vz = _zero_outside(V, used)
@@ -134,7 +136,9 @@ def information_gain_rewards(p: ArrayLike, mask: ArrayLike) -> Array:
       >>> r.tolist()
       [[0.25, -0.125]]
     """
-    return _boundary_differences(p, mask, where="information_gain_rewards", name="p")
+    return _boundary_differences(
+        p, mask, where="information_gain_rewards", name="p", mask_name="mask"
+    )
 
 
 # --------------------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from jaxrl_llm.config import ConfigError
 from jaxrl_llm.rewards.combine import CombineMode
@@ -56,8 +57,18 @@ class RewardConfig:
     def __post_init__(self) -> None:
         if not self.functions:
             raise ConfigError("rewards.functions: configure at least one reward function.")
-        if self.timeout_s is not None and self.timeout_s <= 0:
+        if self.timeout_s is not None and not 0 < self.timeout_s < math.inf:
             raise ConfigError(f"rewards.timeout_s: must be > 0 or null, got {self.timeout_s}.")
+        if not math.isfinite(self.failure_score):
+            raise ConfigError(
+                f"rewards.failure_score: must be a finite number (it replaces failed rewards, "
+                f"which must stay finite), got {self.failure_score}."
+            )
+        bad_weights = [f.weight for f in self.functions if not math.isfinite(f.weight)]
+        if bad_weights:
+            raise ConfigError(
+                f"rewards.functions: every `weight` must be a finite number, got {bad_weights}."
+            )
         names = [f.name or f.fn.rsplit(":", 1)[-1].rsplit(".", 1)[-1] for f in self.functions]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:

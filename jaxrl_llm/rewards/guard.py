@@ -304,11 +304,21 @@ def _check_inputs(
     fields: Mapping[str, Sequence[Any]],
     group_size: int,
     on_failure: str,
+    failure_score: float,
 ) -> None:
     if on_failure not in _POLICIES:
         raise ValueError(
             f"score_rewards: `on_failure` must be one of {', '.join(map(repr, _POLICIES))}, "
             f"got {on_failure!r}."
+        )
+    if (
+        isinstance(failure_score, bool)
+        or not isinstance(failure_score, numbers.Real)
+        or not math.isfinite(failure_score)
+    ):
+        raise ValueError(
+            f"score_rewards: `failure_score` must be a finite number (the returned rewards are "
+            f"always finite), got {failure_score!r}."
         )
     n = len(completions)
     if len(prompts) != n:
@@ -370,7 +380,7 @@ def score_rewards(
       ([1.0, -1.0], 1.0)
     """
     fields = dict(fields or {})
-    _check_inputs(prompts, completions, fields, group_size, on_failure)
+    _check_inputs(prompts, completions, fields, group_size, on_failure, failure_score)
     n, k = len(completions), len(functions)
     if k == 0:
         raise ValueError(

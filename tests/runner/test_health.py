@@ -14,6 +14,7 @@ from jaxrl_llm.runner import (
     load_run_config,
     nonfinite_terms,
     prepare_run,
+    rollout,
     run_training,
 )
 from tests.runner.helpers import CONFIGS, TINY, records, tree_equal
@@ -51,15 +52,23 @@ def test_a_nonfinite_kl_skips_steps_then_stops_naming_the_kl(tmp_path):
     assert int(resumed.state.step) == 2  # the batches were consumed
 
 
-def test_nonfinite_rewards_stop_the_cli_with_exit_status_1(capsys, tmp_path):
+def test_nonfinite_rewards_stop_the_cli_with_exit_status_1(capsys, tmp_path, monkeypatch):
+    """The reward guard and the config keep rewards finite (`rewards.failure_score: .nan` is a
+    config error); a NaN planted after them (a bug in shaping, say) still stops the run."""
+    real = rollout.component_rewards
+
+    def first_row_nan(*args, **kwargs):
+        rewards, valid, metrics = real(*args, **kwargs)
+        rewards = rewards.copy()
+        rewards[0, 0] = np.nan
+        return rewards, valid, metrics
+
+    monkeypatch.setattr(rollout, "component_rewards", first_row_nan)
     code = main(
         [
             "train",
             GRPO,
             *TINY,
-            "rewards.functions=[{fn: 'tests.runner.helpers:first_row_fails'}]",
-            "rewards.on_failure=score",
-            "rewards.failure_score=.nan",
             "train.steps=4",
             "train.max_consecutive_skips=1",
             "--run-dir",

@@ -1,0 +1,137 @@
+"""Bad configs: one clear line, exit status 2, no traceback, and nothing compiled.
+
+`tests/runner/test_cli.py::test_bad_overrides_are_one_line_user_errors` already covers unknown
+keys with a "did you mean" (`train.stpes`, `optm`, `clip_hgh`), wrong types (`train.steps=many`,
+`optim.learning_rate=fast`), `clip_low < 0`, group size 1 with the group estimator, a step that
+does not split into micro-batches, and a batch that does not split over the mesh (`mesh.data=4`).
+This file adds the rows it lacks, checks that each error comes before the model and its
+programs are built (so before any compilation), and runs the real `jaxrl-llm` process once
+for its exit status and output.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from jaxrl_llm.config import ConfigError
+from jaxrl_llm.rewards import (
+    RewardConfig,
+    RewardFunction,
+    RewardFunctionConfig,
+    score_rewards,
+)
+from jaxrl_llm.runner import setup
+from tests.reliability.helpers import BASE, GRPO, run_cli, user_error
+
+
+@pytest.fixture
+def nothing_built(monkeypatch):
+    """Fail the test if the run gets as far as building its model and programs."""
+
+    def build_context(*args, **kwargs):
+        raise AssertionError("the error came after the model and its programs were built")
+
+    monkeypatch.setattr(setup, "build_context", build_context)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        # a mesh that does not divide the device count (1 CPU device here)
+        (
+            "mesh.data=2",
+            "mesh: MeshConfig: data×fsdp×tensor = 2 must equal the number of devices (1); "
+            "use -1 for one axis to take the rest.",
+        ),
+        # non-finite numbers (YAML .nan / .inf) are never a meaningful setting
+        ("rewards.failure_score=.nan", "rewards.failure_score: expected a finite number, got nan."),
+        ("optim.learning_rate=.inf", "optim.learning_rate: expected a finite number, got inf."),
+        (
+            "algorithm.policy_loss.clip_high=.nan",
+            "algorithm.policy_loss.clip_high: expected a finite number, got nan.",
+        ),
+        (
+            "rewards.functions=[{fn: exact_answer, weight: .inf}]",
+            "rewards.functions[0].weight: expected a finite number, got inf.",
+        ),
+        # out-of-range values
+        ("algorithm.policy_loss.clip_high=-0.1", "`clip_high` must be >= 0, got -0.1."),
+        ("algorithm.kl.coef=-1", "KLConfig: mode='loss' needs `coef` > 0, got -1.0."),
+        ("sampling.temperature=-1", "`temperature` must be a finite number >= 0 (0 = greedy)"),
+        ("rewards.timeout_s=-1", "rewards.timeout_s: must be > 0 or null, got -1.0."),
+        ("checkpoint.every=0", "checkpoint: CheckpointConfig: `every` must be an int >= 1, got 0."),
+        # wrong types and values
+        ("train.eval_pass_k=3", "train.eval_pass_k: expected a list, got int."),
+        ("optim.name=adamm", "optim.name: must be one of 'adamw', 'adam', 'lion', 'sgd'"),
+        ("checkpoint.evry=3", "checkpoint: unknown key 'evry' (did you mean 'every'?)"),
+    ],
+)
+def test_bad_values_are_one_line_errors_before_any_compilation(
+    capsys, tmp_path, nothing_built, override, message
+):
+    err = user_error(capsys, ["train", GRPO, *BASE, override, "--run-dir", str(tmp_path)])
+    assert err.startswith("jaxrl-llm train: ") and message in err, err
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_the_process_exits_with_status_2_and_one_line(tmp_path, compile_cache):
+    result = run_cli(
+        ["train", GRPO, *BASE, "train.stpes=3", "--run-dir", str(tmp_path)],
+        cache_dir=compile_cache,
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == "" and len(result.stderr.splitlines()) == 1, result.stderr
+    assert result.stderr.startswith(
+        "jaxrl-llm train: train: unknown key 'stpes' (did you mean 'steps'?); allowed keys: "
+    )
+    assert not tmp_path.exists() or not any(tmp_path.iterdir())
+
+
+def test_non_finite_failure_scores_and_weights_are_rejected_in_python_too():
+    with pytest.raises(ConfigError, match=r"rewards\.failure_score: must be a finite number"):
+        RewardConfig(failure_score=math.nan)
+    with pytest.raises(ConfigError, match=r"rewards\.timeout_s: must be > 0 or null, got inf"):
+        RewardConfig(timeout_s=math.inf)
+    infinite = RewardFunctionConfig(fn="exact_answer", weight=math.inf)
+    with pytest.raises(ConfigError, match=r"every `weight` must be a finite number, got \[inf\]"):
+        RewardConfig(functions=(infinite,))
+    one = RewardFunction("one", lambda prompts, completions: [1.0] * len(completions), 1.0)
+    with pytest.raises(ValueError, match="`failure_score` must be a finite number"):
+        score_rewards([one], ["p"], ["c"], on_failure="score", failure_score=math.nan)
+
+
+@pytest.fixture
+def no_model_built(monkeypatch):
+    """Fail the test if the run gets as far as loading or initialising its model."""
+
+    def build_policy(*args, **kwargs):
+        raise AssertionError("the error came after the model was built")
+
+    monkeypatch.setattr(setup, "build_policy", build_policy)
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        (b'{"question": "2+2=", "answer": \n', "line 2: invalid JSON: Expecting value (column 32)"),
+        (b'{"question": "caf\xe9", "answer": "4"}\n', "line 2: not valid UTF-8 (byte 0xe9"),
+        (b'{"question": "2+2="}\n', "line 2: missing field 'answer' (the record has: question)"),
+    ],
+)
+def test_a_bad_data_line_is_one_line_error_naming_file_and_line(
+    capsys, tmp_path, no_model_built, line, message
+):
+    """Malformed JSONL under `data.on_bad_record: fail` (the default); `skip` and every other
+    kind of bad record: tests/data/test_files.py."""
+    path = tmp_path / "train.jsonl"
+    path.write_bytes(b'{"question": "1+1=", "answer": "2"}\n' + line)
+    data = [
+        f"data.source=jsonl:{path}",
+        f"data.eval_source=jsonl:{path}",
+        "data.template.prompt='{question}'",
+    ]
+    err = user_error(capsys, ["train", GRPO, *BASE, *data, "--run-dir", str(tmp_path / "run")])
+    assert err.startswith(f"jaxrl-llm train: {path}, {message}"), err
+    assert "(on_bad_record='fail'; set it to 'skip' to leave bad records out)" in err

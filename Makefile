@@ -32,7 +32,7 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 
 bench: $(STAMP)
-	$(BIN)/python -m benchmarks.bench_losses --out benchmarks/results/losses_cpu.json
+	$(BIN)/python -m benchmarks.run_all
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

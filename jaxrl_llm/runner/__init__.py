@@ -14,9 +14,21 @@
 - `preference`: offline preference runs (DPO, RPO, SimPO, CPO, ORPO, KTO) in the same loop.
 - `health`, `signals`: skipped non-finite steps and their diagnosis, degenerate batches,
   graceful SIGTERM / Ctrl-C.
+- `compiled`, `in_graph`: the fully compiled RL iteration (`train.compiled_iterations`):
+  sampling, in-graph reward, advantages and update, `K` iterations per host call.
+- `compilation_cache`: JAX's persistent compilation cache (`train.compilation_cache`).
+- `faults`: fault injection points for the crash tests (inert unless `JAXRL_LLM_FAULT` is set).
 - `context`, `setup`, `loop`: `RunContext`, `prepare_run`, `run_training`, `train`.
 """
 
+from jaxrl_llm.runner.compilation_cache import enable_compilation_cache
+from jaxrl_llm.runner.compiled import (
+    chunk_ends,
+    chunk_indices,
+    compiled_steps,
+    iterations_program,
+    make_iteration,
+)
 from jaxrl_llm.runner.config import (
     ExportConfig,
     ModelSection,
@@ -32,6 +44,7 @@ from jaxrl_llm.runner.config import (
 from jaxrl_llm.runner.context import RunContext
 from jaxrl_llm.runner.eval_run import evaluate_run, format_eval_table, parse_checkpoint
 from jaxrl_llm.runner.evaluate import evaluate_policy, pass_at_k
+from jaxrl_llm.runner.faults import fault_point, parse_fault
 from jaxrl_llm.runner.health import (
     SkipTracker,
     TrainingDivergedError,
@@ -39,6 +52,7 @@ from jaxrl_llm.runner.health import (
     divergence_message,
     nonfinite_terms,
 )
+from jaxrl_llm.runner.in_graph import TaskArrays, in_graph_scores, rollout_metrics, task_arrays
 from jaxrl_llm.runner.loop import run_training, train
 from jaxrl_llm.runner.models import (
     build_critic,
@@ -85,6 +99,7 @@ __all__ = [
     "RunContext",
     "Scores",
     "SkipTracker",
+    "TaskArrays",
     "TaskData",
     "TokenizerSection",
     "TrainConfig",
@@ -98,34 +113,45 @@ __all__ = [
     "build_run_config",
     "check_devices",
     "check_vocabulary",
+    "chunk_ends",
+    "chunk_indices",
     "collect",
     "combine_rewards",
+    "compiled_steps",
     "component_rewards",
     "config_hash",
     "config_to_dict",
     "degenerate_batch_warnings",
     "divergence_message",
+    "enable_compilation_cache",
     "evaluate_policy",
     "evaluate_run",
     "export_policy",
+    "fault_point",
     "format_eval_table",
     "group_has_spread",
+    "in_graph_scores",
     "in_graph_stop_ids",
+    "iterations_program",
     "load_preference_examples",
     "load_run_config",
     "load_task",
     "logprob_program",
+    "make_iteration",
     "nonfinite_terms",
     "parse_checkpoint",
+    "parse_fault",
     "parse_override",
     "pass_at_k",
     "prepare_run",
     "prompt_batch",
     "reward_metrics",
+    "rollout_metrics",
     "rollout_program",
     "run_tokenizer",
     "run_training",
     "sft_batch",
+    "task_arrays",
     "train",
     "update_program",
     "value_program",

@@ -14,7 +14,10 @@ model is built or any program compiled:
     rewards.combine: decoupled  only with the group estimator and no KL in the reward
     rewards.on_failure: drop_group  not with advantage.scale: batch (filler rewards would enter
                                     the batch std)
-    parallel: pmap  rejected (not available yet)
+    parallel: pmap  mesh fsdp = tensor = 1, not with train.compiled_iterations; each device's
+                    rows (N / data) divisible by minibatches · accumulation_steps
+    train.compiled_iterations  RL with in-graph rewards and no DAPO refills; train.eval_every and
+                               checkpoint.every multiples of it
 
 Every error is a `ConfigError` whose message starts with the key path (`train.prompts_per_step:
 ...`). `load_run_config` (`jaxrl_llm.runner.overrides`) reads the YAML and applies command-line
@@ -162,6 +165,12 @@ class TrainConfig:
       overlong: the soft overlong punishment (None: off).
       max_consecutive_skips: stop the run after this many consecutive steps skipped for a
         non-finite loss or gradient.
+      compiled_iterations: `K`: run the RL iterations (sample → in-graph reward → advantages →
+        update) as one compiled program, `K` iterations per host call (`runner.compiled`);
+        None: one step at a time with the host between the phases.
+      compilation_cache: JAX's persistent compilation cache directory, so that a second run
+        of the same config skips compiling (`~` expanded; `runner.compilation_cache`); None:
+        off. A cache directory set in the environment (`JAX_COMPILATION_CACHE_DIR`) wins.
 
     Examples:
       >>> build(TrainConfig, {"steps": 3, "eval_pass_k": [1, 4]}).eval_pass_k
@@ -179,6 +188,8 @@ class TrainConfig:
     max_refills: int = 2
     overlong: OverlongConfig | None = None
     max_consecutive_skips: int = 3
+    compiled_iterations: int | None = None
+    compilation_cache: str | None = "~/.cache/jaxrl_llm/jax"
 
     def __post_init__(self) -> None:
         minimum = {
@@ -193,7 +204,7 @@ class TrainConfig:
         for key, low in minimum.items():
             if getattr(self, key) < low:
                 raise ConfigError(f"train.{key}: must be >= {low}, got {getattr(self, key)}.")
-        for key in ("max_prompt_tokens", "eval_samples"):
+        for key in ("max_prompt_tokens", "eval_samples", "compiled_iterations"):
             value = getattr(self, key)
             if value is not None and value < 1:
                 raise ConfigError(f"train.{key}: must be >= 1 or null, got {value}.")
@@ -276,7 +287,11 @@ class RunConfig:
       checkpoint: `CheckpointConfig` (checkpoints in `run_dir/checkpoints`).
       metrics: `MetricsConfig` (metrics in `run_dir/metrics.jsonl`).
       mesh: `MeshConfig` (default: all devices on `data`, automatic axes).
-      parallel: "jit" (the only update path available yet).
+      parallel: the compiled update step: "jit" (GSPMD over the whole mesh: data, FSDP and
+        tensor parallelism; `make_update_step(mesh=)`) or "pmap" (pure data parallelism:
+        replicated parameters and optimizer state, each device's rows, gradients averaged with
+        an explicit `pmean`; `jaxrl_llm.train.parallel`; needs fsdp = tensor = 1). Both give
+        the parameters of one device up to float rounding (docs/scaling.md).
       export: `ExportConfig`.
       seed: seeds the model initialisation, sampling and minibatch shuffling.
       run_dir: the run directory (the CLI's default: `runs/<config file name>`).
@@ -353,11 +368,7 @@ def _validate(cfg: RunConfig) -> None:
             f"fine-tuning) and `preference:` (offline preference training), got "
             f"{', '.join(kinds) or 'none'}."
         )
-    if cfg.parallel == "pmap":
-        raise ConfigError(
-            "parallel: 'pmap' (the shard_map data-parallel update) is not available yet; use "
-            "parallel: jit (one jitted step over the mesh)."
-        )
+    _validate_parallel(cfg)
     if cfg.seed < 0:
         raise ConfigError(f"seed: must be >= 0, got {cfg.seed}.")
     _validate_model(cfg)
@@ -366,8 +377,29 @@ def _validate(cfg: RunConfig) -> None:
     _validate_batch(cfg)
     _validate_sampling_and_eval(cfg)
     _validate_rewards(cfg)
+    _validate_compiled(cfg)
     if cfg.preference is not None:
         _validate_preference(cfg, cfg.preference)
+
+
+def _validate_parallel(cfg: RunConfig) -> None:
+    """`parallel: pmap` is pure data parallelism with its own compiled step."""
+    if cfg.parallel not in ("jit", "pmap"):
+        raise ConfigError(f"parallel: must be 'jit' or 'pmap', got {cfg.parallel!r}.")
+    if cfg.parallel != "pmap":
+        return
+    if cfg.mesh.fsdp != 1 or cfg.mesh.tensor != 1:
+        raise ConfigError(
+            "parallel: 'pmap' replicates the parameters over the devices (pure data "
+            f"parallelism) and needs mesh.fsdp = mesh.tensor = 1, got fsdp={cfg.mesh.fsdp}, "
+            f"tensor={cfg.mesh.tensor}; use parallel: jit for FSDP or tensor parallelism."
+        )
+    if cfg.train.compiled_iterations is not None:
+        raise ConfigError(
+            "parallel: 'pmap' is not available with train.compiled_iterations (the compiled "
+            "RL iteration embeds the jit update step); use parallel: jit or unset "
+            "train.compiled_iterations."
+        )
 
 
 def _validate_model(cfg: RunConfig) -> None:
@@ -407,6 +439,7 @@ def _validate_batch(cfg: RunConfig) -> None:
     sizes = (cfg.mesh.data, cfg.mesh.fsdp)
     if -1 not in sizes:
         _check_batch_axes(cfg, sizes[0] * sizes[1])
+        _check_rows_per_device(cfg, sizes[0] * sizes[1])
     if cfg.warm_start is not None and cfg.kind != "rl":
         raise ConfigError(f"warm_start: is SFT before RL, not before a {cfg.kind} run.")
 
@@ -422,6 +455,27 @@ def _check_batch_axes(cfg: RunConfig, batch_devices: int) -> None:
         raise ConfigError(
             f"warm_start.batch_size: {cfg.warm_start.batch_size} pairs do not split evenly over "
             f"the mesh's data × fsdp = {batch_devices} devices."
+        )
+
+
+def _objective_section(cfg: RunConfig) -> tuple[str, Any]:
+    name = {"rl": "algorithm", "sft": "sft", "preference": "preference"}[cfg.kind]
+    return name, getattr(cfg, name)
+
+
+def _check_rows_per_device(cfg: RunConfig, devices: int) -> None:
+    """`parallel: pmap`: each device splits its own rows into the step's micro-batches."""
+    if cfg.parallel != "pmap":
+        return
+    name, section = _objective_section(cfg)
+    parts = section.minibatches * cfg.optim.accumulation_steps
+    per_device = cfg.rows_per_step // devices
+    if per_device % parts:
+        raise ConfigError(
+            f"train.prompts_per_step: with parallel: pmap each of the {devices} devices gets "
+            f"{per_device} of the step's {cfg.rows_per_step} rows, not divisible into "
+            f"{name}.minibatches × optim.accumulation_steps = {section.minibatches} × "
+            f"{cfg.optim.accumulation_steps} micro-batches."
         )
 
 
@@ -445,6 +499,7 @@ def check_devices(cfg: RunConfig, device_count: int) -> tuple[int, int, int]:
     except ValueError as err:
         raise ConfigError(f"mesh: {err}") from None
     _check_batch_axes(cfg, data * fsdp)
+    _check_rows_per_device(cfg, data * fsdp)
     return data, fsdp, tensor
 
 
@@ -512,6 +567,35 @@ def _validate_rewards(cfg: RunConfig) -> None:
             "batch, and advantage.scale 'batch' would put them into the batch std; use "
             "on_failure 'score' or advantage.scale 'group'."
         )
+
+
+def _validate_compiled(cfg: RunConfig) -> None:
+    """`train.compiled_iterations` needs an iteration with no host step (`runner.compiled`)."""
+    K = cfg.train.compiled_iterations
+    if K is None:
+        return
+    key = "train.compiled_iterations"
+    if cfg.kind != "rl":
+        raise ConfigError(f"{key}: compiles the RL iteration; a {cfg.kind} run has none.")
+    if not cfg.rewards.jax_native:
+        raise ConfigError(
+            f"{key}: needs rewards.jax_native: true; reward functions on decoded text run on "
+            "the host between sampling and the update."
+        )
+    if cfg.algorithm.advantage.drop_zero_variance and cfg.train.max_refills > 0:
+        raise ConfigError(
+            f"{key}: DAPO's refills re-sample on the host until enough groups have a reward "
+            "spread; set train.max_refills: 0 (the in-graph zero-variance filter only)."
+        )
+    for name, every in (
+        ("train.eval_every", cfg.train.eval_every),
+        ("checkpoint.every", cfg.checkpoint.every),
+    ):
+        if every % K:
+            raise ConfigError(
+                f"{name}: must be a multiple of {key} = {K} (it acts between compiled chunks), "
+                f"got {every}."
+            )
 
 
 def _validate_preference(cfg: RunConfig, pref: PreferenceConfig) -> None:

@@ -37,7 +37,7 @@ import dataclasses
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import jax
@@ -50,9 +50,11 @@ from jaxrl_llm.metrics_log import (
     plot_curves,
     read_metrics,
 )
+from jaxrl_llm.runner.compiled import compiled_steps
 from jaxrl_llm.runner.config import RunConfig, config_to_dict
 from jaxrl_llm.runner.context import RunContext
 from jaxrl_llm.runner.evaluate import evaluate_policy
+from jaxrl_llm.runner.faults import fault_point
 from jaxrl_llm.runner.health import (
     SkipTracker,
     TrainingDivergedError,
@@ -169,6 +171,25 @@ def _sft_step(
         }
     )
     return state, data, metrics
+
+
+def _step_results(
+    ctx: RunContext,
+    step_fn: Any,
+    state: TrainState,
+    data: IteratorState,
+    start: int,
+    steps: int,
+) -> Iterator[tuple[int, TrainState, IteratorState, dict[str, float], int]]:
+    """`(step, state, data, metrics, chunk_end)` per step: one step at a time (`chunk_end` =
+    `step`), or in compiled chunks of `train.compiled_iterations` (`runner.compiled`)."""
+    if ctx.config.kind == "rl" and ctx.config.train.compiled_iterations is not None:
+        sample_key = _stream_key(ctx.config.seed, _SAMPLE_STREAM)
+        yield from compiled_steps(ctx, state, data, start, steps, sample_key)
+        return
+    for step in range(start + 1, steps + 1):
+        state, data, metrics = step_fn(ctx, state, data, step)
+        yield step, state, data, metrics, step
 
 
 def _meta(
@@ -307,8 +328,9 @@ def run_training(prepared: PreparedRun, *, resume_command: str | None = None) ->
                 before = _evaluation(ctx, state, 0)
                 numeric = {k: v for k, v in info.items() if isinstance(v, int | float)}
                 logger.log(0, {**before, **numeric})
-            for step in range(start + 1, steps + 1):
-                state, data, metrics = step_fn(ctx, state, data, step)
+            results = _step_results(ctx, step_fn, state, data, start, steps)
+            for step, state, data, metrics, chunk_end in results:
+                fault_point("step", step)  # crash tests only (inert unless JAXRL_LLM_FAULT)
                 skipped = metrics.get("optim/skipped", 0.0) > 0
                 skips = skips.update(skipped)
                 final = metrics
@@ -329,21 +351,24 @@ def run_training(prepared: PreparedRun, *, resume_command: str | None = None) ->
                         "step %d skipped: non-finite %s", step, ", ".join(nonfinite_terms(metrics))
                     )
                     if skips.consecutive >= config.train.max_consecutive_skips:
-                        save(step)
+                        save(chunk_end)  # compiled chunks: the state is that of their end
                         checkpointer.wait()
                         raise TrainingDivergedError(
                             divergence_message(
                                 step,
                                 skips.consecutive,
                                 metrics,
-                                f"step {step} in {checkpointer.directory}",
+                                f"step {chunk_end} in {checkpointer.directory}",
                             )
                         )
+                if step < chunk_end:  # compiled chunks: eval, save and stop at their end
+                    continue
                 if config.train.eval_every and step % config.train.eval_every == 0 and step < steps:
                     logger.log(step, _evaluation(ctx, state, step))
-                checkpointer.maybe_save(
+                if checkpointer.maybe_save(
                     step, state, _meta(config, step, data, skips, before, wall())
-                )
+                ):
+                    fault_point("save", step)
                 if stop.requested:
                     save(step)
                     checkpointer.wait()

@@ -1,5 +1,6 @@
 """Everything a run does before its first step: `prepare_run(config, resume=...)`.
 
+    cache         JAX's persistent compilation cache (`train.compilation_cache`)
     mesh          make_mesh(config.mesh) after checking the batches split over it
     tokenizer     byte or a local directory; every id must have an embedding
     data          both splits tokenized once, P / A / T fixed (`runner.task`)
@@ -26,6 +27,7 @@ from jaxrl_llm.checkpoint import Checkpointer
 from jaxrl_llm.config import ConfigError
 from jaxrl_llm.data import IteratorState
 from jaxrl_llm.metrics_log import METRICS_FILE
+from jaxrl_llm.runner.compilation_cache import enable_compilation_cache
 from jaxrl_llm.runner.config import RunConfig, check_devices, config_to_dict
 from jaxrl_llm.runner.context import RunContext
 from jaxrl_llm.runner.health import SkipTracker
@@ -78,27 +80,43 @@ class PreparedRun(NamedTuple):
     info: dict[str, Any]
 
 
-def _check_run_dir(run_dir: pathlib.Path, resume: bool) -> None:
+def _check_run_dir(run_dir: pathlib.Path, resume: bool) -> bool:
     """A fresh run needs an unused run directory, a resumed one a complete checkpoint.
 
-    Checked before anything is created in `run_dir`.
+    Checked before anything is created in `run_dir`. A resumed run whose directory holds a run
+    that stopped before its first checkpoint was written (its metrics, no step directory, at
+    most an unfinished save) starts again from step 0: it lost every step, as it would with
+    any checkpoint, and neither starting fresh nor resuming would otherwise be possible.
+
+    Returns:
+      Whether a resumed run starts again from step 0.
     """
     directory = run_dir / CHECKPOINT_DIR
-    latest = None
+    latest, unreadable = None, []
     if directory.is_dir():
         with Checkpointer(directory, save_every=1) as existing:
             latest = existing.latest_step()
+            unreadable = existing.unreadable_steps()
+    started = (run_dir / METRICS_FILE).exists()
     if resume and latest is None:
-        raise ConfigError(
-            f"--resume: no complete checkpoint in {directory.absolute()} to resume from; "
-            "start without --resume."
-        )
-    if not resume and (latest is not None or (run_dir / METRICS_FILE).exists()):
+        if unreadable:
+            raise ConfigError(
+                f"--resume: no complete checkpoint in {directory.absolute()}: step(s) "
+                f"{unreadable} cannot be read (corrupt files); move them away to start over."
+            )
+        if not started:
+            raise ConfigError(
+                f"--resume: no complete checkpoint in {directory.absolute()} to resume from; "
+                "start without --resume."
+            )
+        return True
+    if not resume and (latest is not None or started):
         held = f"checkpoints up to step {latest}" if latest is not None else "metrics"
         raise ConfigError(
             f"run_dir: {run_dir} already holds a run ({held}); pass --resume to continue it, "
             "or choose another --run-dir."
         )
+    return False
 
 
 def _sampling(config: RunConfig, tokenizer: Any) -> Any:
@@ -157,17 +175,29 @@ def prepare_run(config: RunConfig, *, resume: bool = False) -> PreparedRun:
             f"{jax.process_count()}) are not supported yet."
         )
     check_devices(config, jax.device_count())
+    enable_compilation_cache(config.train.compilation_cache)
     mesh = make_mesh(config.mesh)
     run_dir = pathlib.Path(config.run_dir)
-    _check_run_dir(run_dir, resume)
+    restart = _check_run_dir(run_dir, resume)
     with jax.set_mesh(mesh):  # placing and initialising sharded arrays needs the mesh
         context, state, info = build_context(config, mesh, run_dir)
     checkpointer = Checkpointer.from_config(run_dir / CHECKPOINT_DIR, config.checkpoint)
     data = IteratorState(seed=config.data.seed, epoch=0, position=0)
     start, meta, skips = 0, {}, SkipTracker()
-    if resume:
-        with jax.set_mesh(mesh):
-            state, meta = checkpointer.restore(target_state=state)
+    if restart:
+        log.warning(
+            "--resume: %s holds a run that stopped before its first checkpoint; starting again "
+            "from step 0 (its metrics are replaced)",
+            run_dir,
+        )
+        (run_dir / METRICS_FILE).unlink()
+    elif resume:
+        try:
+            with jax.set_mesh(mesh):
+                state, meta = checkpointer.restore(target_state=state)
+        except BaseException:
+            checkpointer.close()  # release orbax's threads before the error reaches the user
+            raise
         data = IteratorState.from_dict(meta["data"])
         start = int(meta["step"])
         skips = SkipTracker(int(meta["skips_consecutive"]), int(meta["skips_total"]))
@@ -214,10 +244,10 @@ def build_context(
       (0, 'ByteTokenizer', 8)
     """
     tokenizer = run_tokenizer(config)
+    task = load_task(config, tokenizer)  # bad data fails before a model is loaded or built
     policy = build_policy(config)
     check_vocabulary(tokenizer, policy)
     critic = build_critic(config, policy)
-    task = load_task(config, tokenizer)
     graphs, params, frozen = _split(config, policy, critic)
     params = jax.device_put(params, param_shardings(params, mesh))
     frozen = jax.device_put(frozen, param_shardings(frozen, mesh))
@@ -247,7 +277,7 @@ def build_context(
     )
     state = jax.device_put(state, train_state_shardings(state, mesh, optimizer))
     objective = algorithm or config.sft or config.preference
-    update = update_program(objective, graphs, config.optim, mesh, state)
+    update = update_program(objective, graphs, config.optim, mesh, state, config.parallel)
     functions = [] if config.rewards.jax_native else config.rewards.resolve()
     context = RunContext(
         config=config,

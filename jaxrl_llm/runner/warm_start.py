@@ -27,7 +27,7 @@ from jaxrl_llm.runner.config import RunConfig, config_hash
 from jaxrl_llm.runner.programs import update_program
 from jaxrl_llm.runner.task import TaskData, sft_batch
 from jaxrl_llm.train import ModelGraphs, OptimConfig, SFTConfig, init_train_state, make_optimizer
-from jaxrl_llm.train.shardings import batch_sharding
+from jaxrl_llm.train.shardings import batch_sharding, train_state_shardings
 
 log = logging.getLogger(__name__)
 WARM_START_DIR = "warm_start"
@@ -129,13 +129,13 @@ def _train(
     section = config.warm_start
     optim = OptimConfig(name="adamw", learning_rate=section.learning_rate, max_grad_norm=1.0)
     policy_graphs = ModelGraphs(policy=graphs.policy)
+    optimizer = make_optimizer(optim)
     state = init_train_state(
-        {"policy": params},
-        {"policy": frozen},
-        make_optimizer(optim),
-        key=jax.random.key(config.seed),
+        {"policy": params}, {"policy": frozen}, optimizer, key=jax.random.key(config.seed)
     )
-    step = update_program(SFTConfig(), policy_graphs, optim, mesh, state)
+    # the step is compiled for the state's mesh layout (the fresh optimizer moments included)
+    state = jax.device_put(state, train_state_shardings(state, mesh, optimizer))
+    step = update_program(SFTConfig(), policy_graphs, optim, mesh, state, config.parallel)
     position = IteratorState(seed=config.data.seed + 1, epoch=0, position=0)
     sharding = batch_sharding(mesh)
     nll = []

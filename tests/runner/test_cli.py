@@ -48,7 +48,7 @@ def test_overrides_create_sections_and_replace_values():
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("train.stpes=3", "train.unknown key 'stpes' (did you mean 'steps'?)"),
+        ("train.stpes=3", "train: unknown key 'stpes' (did you mean 'steps'?)"),
         ("optm.learning_rate=1", "unknown key 'optm' (did you mean 'optim'?)"),
         (
             "algorithm.policy_loss.clip_hgh=0.3",
@@ -58,7 +58,7 @@ def test_overrides_create_sections_and_replace_values():
         ("optim.learning_rate=fast", "optim.learning_rate: expected a number, got 'fast'"),
         ("algorithm.policy_loss.clip_low=-0.1", "`clip_low` must be >= 0"),
         ("sampling.num_samples=1", "sampling.num_samples: the 'group' estimator"),
-        ("parallel=pmap", "parallel: 'pmap'"),
+        (("parallel=pmap", "mesh.fsdp=2"), "parallel: 'pmap' replicates the parameters"),
         ("parallel=jitt", "parallel: must be one of 'jit', 'pmap'"),
         ("optim.accumulation_steps=3", "not divisible into algorithm.minibatches"),
         ("mesh.data=4", "do not split evenly over the mesh's data × fsdp = 4 devices"),
@@ -69,7 +69,8 @@ def test_overrides_create_sections_and_replace_values():
     ],
 )
 def test_bad_overrides_are_one_line_user_errors(capsys, tmp_path, override, message):
-    err = _error(capsys, ["train", GRPO, *TINY, override, "--run-dir", str(tmp_path)])
+    overrides = (override,) if isinstance(override, str) else override  # or a conflicting pair
+    err = _error(capsys, ["train", GRPO, *TINY, *overrides, "--run-dir", str(tmp_path)])
     assert err.startswith("jaxrl-llm train: ") and message in err, err
     assert not (tmp_path / "metrics.jsonl").exists()
 

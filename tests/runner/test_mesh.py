@@ -1,4 +1,5 @@
-"""A run on a (data=2, fsdp=2) mesh of 4 simulated CPU devices, in a subprocess."""
+"""A run on a (data=2, fsdp=2) mesh of 4 simulated CPU devices, in a subprocess, with a
+warm start (its SFT step runs on the same mesh)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ def test_a_run_on_a_data_and_fsdp_mesh(tmp_path):
         "train.eval_prompts=0",
         "mesh={data: 2, fsdp: 2, tensor: 1, axis_types: auto}",
         "export.enabled=false",
+        "warm_start={steps: 2, learning_rate: 0.01, batch_size: 4}",
     ]
     env = dict(
         os.environ,

@@ -1,0 +1,389 @@
+"""The benchmark report: markdown tables and the scaling plot from the results' JSON files.
+
+    python -m benchmarks.report [--results DIR]
+
+Reads `DIR/grpo/*.json` (`benchmarks.bench_grpo`), `DIR/sampler_cpu.json`
+(`benchmarks.bench_sampler`) and `DIR/gpu/*.json` (`benchmarks.bench_gpu`) when present, and
+writes `DIR/README.md` and `DIR/scaling.png` (log-log: seconds per step and the update step's
+memory against the doubled quantity). Speed-ups compare medians measured in the same run; the FLOP/s
+fractions divide the model's FLOPs (`benchmarks.workloads`) per second by the jax float32
+matmul peak measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import pathlib
+from typing import Any
+
+from benchmarks.workloads import WORKLOADS, Workload, iteration_flops
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+AXES = {"width": "hidden_size", "length": "new_tokens", "group": "samples"}
+
+
+def _load(directory: pathlib.Path) -> dict[str, dict]:
+    if not directory.is_dir():
+        return {}
+    return {p.stem: json.loads(p.read_text()) for p in sorted(directory.glob("*.json"))}
+
+
+def _ok(result: dict | None) -> bool:
+    return result is not None and "error" not in result
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    if value >= 100:
+        return f"{value:.0f}"
+    return f"{value:.{digits}g}"
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return "—" if not a or not b else f"{b / a:.2f}×"
+
+
+def _workloads(grpo: dict[str, dict]) -> list[Workload]:
+    """The workloads with a result (file names `<part>__<model>__<B>x<G>x<T>`), in the order of
+    `WORKLOADS`."""
+    found = {}
+    for name in grpo:
+        if name.startswith(("ours_", "peer_")) and name.count("__") == 2:
+            _, model, sizes = name.split("__")
+            B, G, T = (int(v) for v in sizes.split("x"))
+            w = Workload(model, B, G, T)
+            found[w.name] = w
+    order = {w.name: i for i, w in enumerate(WORKLOADS)}
+    return sorted(found.values(), key=lambda w: (order.get(w.name, len(order)), w.name))
+
+
+def _best_trl(grpo: dict[str, dict], name: str) -> dict | None:
+    runs = [grpo.get(f"peer_trl__{name}"), grpo.get(f"peer_trl_1thread__{name}")]
+    runs = [r for r in runs if _ok(r)]
+    return min(runs, key=lambda r: r["seconds_per_step"]) if runs else None
+
+
+def grpo_table(grpo: dict[str, dict]) -> list[str]:
+    """Seconds per step and time to first step, ours against the peers."""
+    rows = [
+        "| workload | ours: loop | ours: compiled (K) | Tunix | TRL | loop vs faster peer | "
+        "compiled vs faster peer |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    first = [
+        "| workload | ours: loop | ours: loop, 2nd run | ours: compiled | ours: compiled, "
+        "2nd run | Tunix | TRL |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for w in _workloads(grpo):
+        loop, comp = grpo.get(f"ours_loop__{w.name}"), grpo.get(f"ours_compiled__{w.name}")
+        tunix, trl = grpo.get(f"peer_tunix__{w.name}"), _best_trl(grpo, w.name)
+        s = {
+            k: r["seconds_per_step"] if _ok(r) else None
+            for k, r in {"loop": loop, "comp": comp, "tunix": tunix, "trl": trl}.items()
+        }
+        peers = [v for v in (s["tunix"], s["trl"]) if v]
+        fastest = min(peers) if peers else None
+        k = comp.get("iterations_per_call") if _ok(comp) else None
+        trl_note = f" ({trl['torch_threads']} thr)" if _ok(trl) else ""
+        label = f"{w.model} {w.prompts}×{w.samples}×{w.new_tokens}"
+        rows.append(
+            f"| {label} | {_fmt(s['loop'])} | {_fmt(s['comp'])} ({k}) | {_fmt(s['tunix'])} | "
+            f"{_fmt(s['trl'])}{trl_note} | {_ratio(s['loop'], fastest)} | "
+            f"{_ratio(s['comp'], fastest)} |"
+        )
+
+        def ttfs(r: dict | None, second: bool = False) -> str:
+            if not _ok(r):
+                return "—"
+            if second:
+                r = r.get("second_run") or {}
+            t = r.get("time_to_first_step_s")
+            c = r.get("compile_to_first_step") or {}
+            if t is None:
+                return "—"
+            xla = c.get("compile_or_cache_load_s", c.get("xla_compile_s"))
+            return f"{_fmt(t)} ({_fmt(xla)})" if xla is not None else _fmt(t)
+
+        first.append(
+            f"| {label} | {ttfs(loop)} | {ttfs(loop, True)} | {ttfs(comp)} | "
+            f"{ttfs(comp, True)} | {ttfs(tunix)} | {ttfs(trl)} |"
+        )
+    return [
+        "### GRPO iteration: seconds per step (median, steady state)",
+        "",
+        "Speed-up = the faster peer's seconds per step / ours.",
+        "",
+        *rows,
+        "",
+        "### Time to first step (s, after the imports; in brackets: XLA compilation, or in the "
+        "second run loading the executables from the persistent compilation cache)",
+        "",
+        *first,
+    ]
+
+
+def flops_table(grpo: dict[str, dict]) -> list[str]:
+    """Achieved FLOP/s of the iteration and of the update step alone against the matmul peak."""
+    peak = grpo.get("matmul__jax")
+    peak_g = peak["gflops_median"] if _ok(peak) else None
+    torch_peak = grpo.get("matmul__torch")
+    lines = [
+        "### Achieved FLOP/s against the measured float32 matmul peak",
+        "",
+        f"Matmul peak (2048², median): jax {_fmt(peak_g)} GFLOP/s"
+        + (f", torch {_fmt(torch_peak['gflops_median'])} GFLOP/s" if _ok(torch_peak) else "")
+        + ". Model FLOPs: `benchmarks/workloads.py`.",
+        "",
+        "| workload | GFLOP / iteration | loop GFLOP/s (% peak) | compiled GFLOP/s (% peak) | "
+        "Tunix GFLOP/s (% peak) | update alone s | update GFLOP/s (% peak) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+
+    def pct(g: float | None) -> str:
+        if g is None:
+            return "—"
+        return f"{_fmt(g)} ({100 * g / peak_g:.0f}%)" if peak_g else _fmt(g)
+
+    for w in _workloads(grpo):
+        loop, comp = grpo.get(f"ours_loop__{w.name}"), grpo.get(f"ours_compiled__{w.name}")
+        tunix = grpo.get(f"peer_tunix__{w.name}")
+        update = loop.get("update") if _ok(loop) else None
+        flops = iteration_flops(w)
+        lines.append(
+            f"| {w.model} {w.prompts}×{w.samples}×{w.new_tokens} | "
+            f"{flops['iteration'] / 1e9:.3g} | "
+            f"{pct(loop['gflops'] if _ok(loop) else None)} | "
+            f"{pct(comp['gflops'] if _ok(comp) else None)} | "
+            f"{pct(tunix['gflops'] if _ok(tunix) else None)} | "
+            f"{_fmt(update['median_s'] if update else None)} | "
+            f"{pct(update['gflops'] if update else None)} |"
+        )
+    return lines
+
+
+def phases_table(grpo: dict[str, dict]) -> list[str]:
+    """Where a step of the loop goes (medians of the loop's own per-phase timers)."""
+    lines = [
+        "### Where the step-by-step loop's time goes (median seconds per phase)",
+        "",
+        "| workload | sample | reward (host) | reference forward + advantages | update | step |",
+        "|---|---|---|---|---|---|",
+    ]
+    for w in _workloads(grpo):
+        loop = grpo.get(f"ours_loop__{w.name}")
+        if not _ok(loop) or "phases_median_s" not in loop:
+            continue
+        p = loop["phases_median_s"]
+        lines.append(
+            f"| {w.model} {w.prompts}×{w.samples}×{w.new_tokens} | {_fmt(p.get('sample_s'))} | "
+            f"{_fmt(p.get('reward_s'))} | {_fmt(p.get('forward_s'))} | "
+            f"{_fmt(p.get('update_s'))} | {_fmt(loop['seconds_per_step'])} |"
+        )
+    return lines
+
+
+def _scaling(grpo: dict[str, dict]) -> dict[str, list[tuple[float, dict]]]:
+    out: dict[str, list[tuple[float, dict]]] = {}
+    for name, r in grpo.items():
+        if name.startswith("scaling_") and _ok(r):
+            w = Workload(**r["workload"])
+            x = w.shape.hidden_size if r["axis"] == "width" else getattr(w, AXES[r["axis"]])
+            out.setdefault(r["axis"], []).append((x, r))
+    return {axis: sorted(out[axis], key=lambda p: p[0]) for axis in AXES if axis in out}
+
+
+def _slope(points: list[tuple[float, float]]) -> float | None:
+    """Least-squares slope of log(y) on log(x): the exponent of the power law."""
+    pts = [(math.log(x), math.log(y)) for x, y in points if x > 0 and y and y > 0]
+    if len(pts) < 2:
+        return None
+    mx = sum(p[0] for p in pts) / len(pts)
+    my = sum(p[1] for p in pts) / len(pts)
+    den = sum((p[0] - mx) ** 2 for p in pts)
+    return sum((p[0] - mx) * (p[1] - my) for p in pts) / den if den else None
+
+
+def _update_memory(r: dict) -> float | None:
+    """MB of the update step's arguments, outputs and temporaries (XLA's analysis)."""
+    u = r.get("update") or {}
+    parts = [u.get(f"xla_{k}_mb") for k in ("argument", "output", "temp")]
+    return sum(parts) if all(p is not None for p in parts) else None
+
+
+def scaling_table(grpo: dict[str, dict]) -> list[str]:
+    sweeps = _scaling(grpo)
+    if not sweeps:
+        return []
+    lines = [
+        "### Scaling (step-by-step loop around tiny 8×8×64)",
+        "",
+        "Exponent = log-log slope of seconds per step against the doubled quantity (1 = linear).",
+        "",
+        "| doubled | value | s / step | update alone s | update memory MB (XLA) | peak RSS MB |",
+        "|---|---|---|---|---|---|",
+    ]
+    for axis, points in sweeps.items():
+        for x, r in points:
+            u = r.get("update") or {}
+            lines.append(
+                f"| {axis} | {x} | {_fmt(r['seconds_per_step'])} | {_fmt(u.get('median_s'))} | "
+                f"{_fmt(_update_memory(r))} | {_fmt(r.get('peak_rss_mb'))} |"
+            )
+        slope = _slope([(x, r["seconds_per_step"]) for x, r in points])
+        update_slope = _slope([(x, (r.get("update") or {}).get("median_s")) for x, r in points])
+        memory_slope = _slope([(x, _update_memory(r)) for x, r in points])
+        lines.append(
+            f"| {axis} | exponent | {_fmt(slope, 2)} | {_fmt(update_slope, 2)} | "
+            f"{_fmt(memory_slope, 2)} | |"
+        )
+    return lines
+
+
+def scaling_plot(grpo: dict[str, dict], path: pathlib.Path) -> bool:
+    """Log-log plot of the sweeps; False when there is nothing to plot."""
+    sweeps = _scaling(grpo)
+    if not sweeps:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, len(sweeps), figsize=(4 * len(sweeps), 6.5), squeeze=False)
+    for col, (axis, points) in enumerate(sweeps.items()):
+        xs = [x for x, _ in points]
+        for row, (label, get) in enumerate(
+            [
+                ("seconds / step", lambda r: r["seconds_per_step"]),
+                ("update memory, XLA (MB)", _update_memory),
+            ]
+        ):
+            ax = axes[row][col]
+            ys = [get(r) for _, r in points]
+            if not all(ys):
+                ax.set_visible(False)
+                continue
+            ax.loglog(xs, ys, "o-", base=2, label="measured")
+            if ys[0]:
+                ax.loglog(xs, [ys[0] * x / xs[0] for x in xs], "--", base=2, label="linear")
+            if row == 0:
+                updates = [(r.get("update") or {}).get("median_s") for _, r in points]
+                if all(updates):
+                    ax.loglog(xs, updates, "s-", base=2, label="update alone")
+            ax.set_xlabel({"width": "model width D", "length": "new tokens T", "group": "G"}[axis])
+            ax.set_ylabel(label)
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=7)
+    fig.suptitle("GRPO step scaling (tiny 8×8×64 base, doubling one quantity)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def sampler_table(results: pathlib.Path) -> list[str]:
+    path = results / "sampler_cpu.json"
+    if not path.exists():
+        return []
+    data = json.loads(path.read_text())
+    lines = [
+        "### Sampler (generated tokens/s, `benchmarks/bench_sampler.py`)",
+        "",
+        "| model | B × G × T | ours tok/s | compile s | HF generate tok/s (best of threads) | "
+        "ratio |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in data["results"]:
+        ours = row["jaxrl_llm"]
+        hf = [v["tokens_per_s"] for k, v in row.items() if k.startswith("hf_generate")]
+        best = max(hf) if hf else None
+        lines.append(
+            f"| {row['model']} | {row['prompts']}×{row['samples']}×{row['new_tokens']} | "
+            f"{ours['tokens_per_s']} | {ours['compile_s']} | {best or '—'} | "
+            f"{_ratio(best, ours['tokens_per_s']) if best else '—'} |"
+        )
+    return lines
+
+
+def gpu_table(results: pathlib.Path) -> list[str]:
+    runs = _load(results / "gpu")
+    if not runs:
+        return []
+    lines = ["### GPU (`benchmarks/bench_gpu.py`)", ""]
+    for name, r in runs.items():
+        if "decode" not in r:
+            continue
+        d, u = r["decode"], r.get("update", {})
+        frac, mfu = d.get("fraction_of_roofline"), u.get("mfu")
+        lines += [
+            f"- {name}: {r.get('device', '?')}; decode at batch {d['batch']}: "
+            f"{_fmt(d.get('tokens_per_s'))} tok/s = "
+            f"{'—' if frac is None else f'{100 * frac:.0f}%'} of the HBM roofline "
+            f"({_fmt(d['roofline_tokens_per_s'])} tok/s); update step: "
+            f"{'—' if mfu is None else f'{100 * mfu:.1f}%'} bf16 MFU "
+            f"({_fmt(u.get('median_s'))} s for {u.get('tokens')} tokens).",
+        ]
+    return lines
+
+
+def _machine(grpo_dir: pathlib.Path) -> str:
+    path = grpo_dir / "machine.json"
+    if not path.exists():
+        return ""
+    m = json.loads(path.read_text())
+    return f"Machine: {m.get('cpu', '?')}, {m.get('cpu_count')} cores, {m.get('platform')}."
+
+
+def _loads(grpo: dict[str, dict]) -> str:
+    loads = []
+    for r in grpo.values():
+        value = r.get("load_avg_1min")
+        loads += value if isinstance(value, list) else [value] if value is not None else []
+    if not loads:
+        return ""
+    return f"1-minute load average during the run: {min(loads)}–{max(loads)}."
+
+
+def write_report(results: pathlib.Path, command: str) -> pathlib.Path:
+    """Write `results/README.md` (and `results/scaling.png`); returns the README's path."""
+    grpo = _load(results / "grpo")
+    plot = results / "scaling.png"
+    plotted = scaling_plot(grpo, plot)
+    about = " ".join(x for x in (_machine(results / "grpo"), _loads(grpo)) if x)
+    sections: list[list[str]] = [
+        [
+            "# Benchmark results",
+            "",
+            f"Reproduce: `{command}` (see docs/performance.md). Never part of the test suite.",
+            *(["", about] if about else []),
+        ],
+        grpo_table(grpo) if grpo else [],
+        flops_table(grpo) if grpo else [],
+        phases_table(grpo) if grpo else [],
+        scaling_table(grpo),
+        [f"![scaling]({plot.name})"] if plotted else [],
+        sampler_table(results),
+        gpu_table(results),
+    ]
+    text = "\n\n".join("\n".join(s) for s in sections if s) + "\n"
+    path = results / "README.md"
+    path.write_text(text)
+    return path
+
+
+def main(argv: list[str] | None = None) -> Any:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--results", default=str(ROOT / "benchmarks" / "results"))
+    parser.add_argument("--command", default="python -m benchmarks.run_all")
+    args = parser.parse_args(argv)
+    path = write_report(pathlib.Path(args.results), args.command)
+    print(f"report: {path}")
+    return path
+
+
+if __name__ == "__main__":
+    main()

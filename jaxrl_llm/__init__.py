@@ -1,6 +1,9 @@
 """jaxrl_llm: the training stack (models, sampler, rewards, update step, loop, CLI) over `losses`.
 
-This release ships the config loader and the `demo` command; the stack grows issue by issue.
+Subpackages: `models` (Flax NNX decoders with Hugging Face import / export), `sampler` (the
+compiled rollout sampler), `rewards`, `data`, `train` (optax update step, algorithms, SFT and
+preference objectives), `runner` (the training loop behind `jaxrl-llm train`), `checkpoint`,
+`metrics_log`, `plan` (memory / time estimates), `demo` (`make demo`).
 """
 
 __version__ = "0.1.0"

@@ -3,7 +3,8 @@
     jaxrl-llm train CONFIG.yaml [key.sub=value ...] [--resume] [--run-dir DIR]
     jaxrl-llm eval CONFIG.yaml [key.sub=value ...] [--checkpoint STEP|latest|none] [--run-dir DIR]
     jaxrl-llm plan MODEL [--mesh D,F,T | --devices N] ...
-    jaxrl-llm demo [CONFIG] | convert CHECKPOINT [--out DIR] | sample CHECKPOINT --prompt TEXT
+    jaxrl-llm demo [--run-dir DIR] [--fresh] [--sft KEY=VALUE ...] [--rl KEY=VALUE ...]
+    jaxrl-llm convert CHECKPOINT [--out DIR] | sample CHECKPOINT --prompt TEXT
 
 User errors (a bad config, an unknown override key, a bad path, nothing to resume) print one
 line naming the problem and exit with status 2, without a traceback. A training run that stops
@@ -30,8 +31,7 @@ def main(argv: list[str] | None = None) -> int:
         allow_abbrev=False,
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="compare the policy losses on a toy verifiable task")
-    demo.add_argument("config", nargs="?", default=None, help="YAML config (default: built in)")
+    _add_demo_parser(sub)
     convert = sub.add_parser(
         "convert", help="check a local Hugging Face checkpoint and optionally re-export it"
     )
@@ -69,14 +69,55 @@ def main(argv: list[str] | None = None) -> int:
         return run_plan(args)
 
     if args.command == "demo":
-        from jaxrl_llm import demo as demo_module
+        return _demo(args)
+    return 0
 
-        try:
-            config = demo_module.load_config(args.config or demo_module.DEFAULT_CONFIG)
-        except (ConfigError, ValueError) as err:
-            print(f"jaxrl-llm demo: {err}", file=sys.stderr)
-            return 2
-        demo_module.run(config)
+
+def _add_demo_parser(sub: Any) -> None:
+    demo = sub.add_parser(
+        "demo",
+        help="SFT on a noisy teacher, then GRPO with a verifier reward (docs/demo.md)",
+        allow_abbrev=False,
+    )
+    demo.add_argument("--run-dir", default="runs/demo", help="the demo's directory")
+    demo.add_argument(
+        "--fresh", action="store_true", help="train the SFT stage again even when it is cached"
+    )
+    demo.add_argument(
+        "--sft",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a key of configs/demo_sft.yaml (repeatable)",
+    )
+    demo.add_argument(
+        "--rl",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a key of configs/demo_grpo.yaml (repeatable)",
+    )
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from jaxrl_llm.data.records import DataError
+    from jaxrl_llm.demo import check_stage_dirs, demo_configs, run_demo
+    from jaxrl_llm.rewards import RewardFunctionError
+    from jaxrl_llm.runner import TrainingDivergedError
+
+    _log_to_stderr()
+    try:  # every user error before anything runs
+        demo_configs(args.run_dir, sft_overrides=args.sft, rl_overrides=args.rl)
+        check_stage_dirs(args.run_dir)
+    except ValueError as err:
+        return _user_error("demo", err)
+    try:
+        run_demo(args.run_dir, sft_overrides=args.sft, rl_overrides=args.rl, fresh=args.fresh)
+    except (ConfigError, DataError) as err:  # found when a stage starts (e.g. a bad path)
+        return _user_error("demo", err)
+    except (TrainingDivergedError, RewardFunctionError) as err:
+        print(f"jaxrl-llm demo: {err}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -5,6 +5,7 @@ from jaxrl_llm.data.tasks.arithmetic import (
     ArithmeticConfig,
     arithmetic_examples,
     arithmetic_problem,
+    corrupt_last_digits,
 )
 from jaxrl_llm.data.tasks.sorting import SortingConfig, sorting_examples, sorting_problem
 
@@ -16,6 +17,7 @@ __all__ = [
     "SortingConfig",
     "arithmetic_examples",
     "arithmetic_problem",
+    "corrupt_last_digits",
     "in_eval_split",
     "sorting_examples",
     "sorting_problem",

@@ -1,8 +1,10 @@
 """Every notebook in `notebooks/` is committed clean, explains itself in prose, and runs.
 
 Notebooks are committed without outputs. Each one runs top to bottom in a fresh Python process,
-like a new kernel: its code cells are executed in order, offline, on the CPU, with the headless
-matplotlib backend (`MPLBACKEND=Agg`, so `plt.show()` draws without a display).
+like a new kernel: its code cells are executed in order, on the CPU, with the headless
+matplotlib backend (`MPLBACKEND=Agg`, so `plt.show()` draws without a display). The process is
+offline: Hugging Face's offline switches are set, and any attempt to open a network connection
+raises. A notebook writes only to temporary directories, never next to itself.
 """
 
 from __future__ import annotations
@@ -19,10 +21,31 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 MIN_PROSE_WORDS = 15  # a markdown cell shorter than this is a heading, not an explanation
 MAX_CODE_RUN = 2  # at most this many code cells in a row without prose between them
+# the notebooks the documentation promises (issue 8), so that a rename or a deletion fails here
+EXPECTED = (
+    "01_losses_explorer.ipynb",
+    "02_sampler.ipynb",
+    "03_grpo_end_to_end.ipynb",
+    "04_custom_reward_and_data.ipynb",
+    "05_from_hf_checkpoint.ipynb",
+)
+# modules a notebook imports that are test-only dependencies (`pip install -e '.[test]'`): the
+# notebook is skipped, not failed, where they are missing
+REQUIRES = {"05_from_hf_checkpoint.ipynb": ("torch",)}
 
 # Runs in the child process: execute the code cells in order, then report what was drawn.
 RUNNER = """
-import json, sys
+import json, socket, sys
+
+
+def offline(self, address, _connect=socket.socket.connect):
+    if self.family in (socket.AF_INET, socket.AF_INET6):
+        raise OSError(f"notebooks run offline: a connection to {address!r} was attempted")
+    return _connect(self, address)
+
+
+socket.socket.connect = offline
+socket.socket.connect_ex = offline
 path = sys.argv[1]
 notebook = json.loads(open(path, encoding="utf-8").read())
 namespace = {"__name__": "__main__"}
@@ -47,6 +70,10 @@ def words(cell: dict) -> int:
 
 def test_there_are_notebooks():
     assert NOTEBOOKS, "notebooks/ holds no .ipynb"
+    names = {p.name for p in NOTEBOOKS}
+    missing = [name for name in EXPECTED if name not in names]
+    assert not missing, f"notebooks missing from notebooks/: {missing}"
+    assert set(REQUIRES) <= names, f"REQUIRES names unknown notebooks: {set(REQUIRES) - names}"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
@@ -80,7 +107,19 @@ def test_notebook_is_clean_and_explained(path):
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_downloads_nothing(path):
+    # the runtime check above only sees the code paths a run takes; this one reads all the code
+    for index, cell in enumerate(load(path)["cells"]):
+        source = "".join(cell["source"]) if cell["cell_type"] == "code" else ""
+        for needle in ("http://", "https://", "snapshot_download", "hf_hub_download", "urlopen"):
+            assert needle not in source, f"{path.name} cell {index} downloads ({needle!r})"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_runs(path):
+    for module in REQUIRES.get(path.name, ()):
+        pytest.importorskip(module, reason=f"{path.name} needs {module} (the test extra)")
+    before = sorted(p.name for p in path.parent.iterdir())
     env = dict(os.environ)
     env.update(
         MPLBACKEND="Agg",
@@ -97,10 +136,15 @@ def test_notebook_runs(path):
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=900,  # a hang, not a budget: each takes well under two minutes on 2 CPU cores
     )
     assert result.returncode == 0, (
         f"{path.name} failed (exit {result.returncode}):\n{result.stderr[-6000:]}"
+    )
+    after = sorted(p.name for p in path.parent.iterdir())
+    assert after == before, (
+        f"{path.name} left files next to the notebooks: {sorted(set(after) - set(before))}; "
+        "write to a tempfile.TemporaryDirectory instead"
     )
     lines = result.stdout.splitlines()
     report = [line for line in lines if line.startswith("@@backend")]

@@ -11,29 +11,13 @@ to keep that quick (both sides of every comparison are compiled with the same fl
 
 from __future__ import annotations
 
-import os
-import pathlib
-import subprocess
-import sys
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+from tests.simulated_devices import run_on_devices
 
 
 def test_explicit_meshes_match_a_single_device():
-    env = dict(os.environ)
-    flags = "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
-    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + flags).strip()
-    env["JAX_PLATFORMS"] = "cpu"
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.models.explicit_mesh_runner"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    out = run_on_devices(
+        "tests.models.explicit_mesh_runner", xla_flags="--xla_backend_optimization_level=0"
     )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     for shape in ("(2, 2, 2)", "(1, 4, 2)", "(1, 2, 4)"):
-        assert f"mesh {shape}: ok" in proc.stdout, proc.stdout
-    assert "explicit meshes: ok" in proc.stdout
+        assert f"mesh {shape}: ok" in out, out
+    assert "explicit meshes: ok" in out

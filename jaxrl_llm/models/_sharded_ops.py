@@ -11,6 +11,7 @@ the plain one):
   MLP, vocabulary over `tensor`) stay split. The cast comes first, so a bf16 model gathers bf16.
   In the backward pass the gather's transpose reduce-scatters the gradient back to the stored
   layout.
+- `dense`: a projection; one 2-D matmul without a mesh, a named `einsum` under one.
 - `einsum`, `take_rows`, `reshape`: the op with its result's logical names. Under Explicit axes
   the names become the op's `out_sharding` (needed where the result layout is ambiguous: a
   contraction over a `tensor`-split axis is all-reduced into it, an embedding gather from a
@@ -20,6 +21,7 @@ the plain one):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -144,6 +146,38 @@ def einsum(subscripts: str, *operands: Array, names: Names, **kwargs: Any) -> Ar
     if spec is not None:
         return jnp.einsum(subscripts, *operands, out_sharding=spec, **kwargs)
     return shard(jnp.einsum(subscripts, *operands, **kwargs), names)
+
+
+def dense(x: Array, w: Array, *, contract: int, names: Names) -> Array:
+    """`x[..., c₁..c_k] @ w[c₁..c_k, o...]` → `[..., o...]` with logical axes `names`.
+
+    The last `contract` axes of `x` are contracted with the first `contract` axes of `w`.
+    Without a mesh this is one 2-D matmul `[rows, Σc] @ [Σc, Σo]` (XLA:CPU runs 3-D and 4-D
+    einsums with extra activation transposes: the 2-D form made the small benchmark model's
+    update step 1.4× faster); under a mesh it is `einsum`, whose result layout is named.
+
+    Examples:
+      >>> dense(jnp.ones((2, 3, 4)), jnp.ones((4, 5, 6)), contract=1,
+      ...       names=("batch", "length", "heads", "head_dim")).shape
+      (2, 3, 5, 6)
+      >>> dense(jnp.ones((2, 3, 5, 6)), jnp.ones((5, 6, 4)), contract=2,
+      ...       names=("batch", "length", "embed")).shape
+      (2, 3, 4)
+    """
+    lead = x.ndim - contract
+    if x.shape[lead:] != w.shape[:contract]:
+        raise ValueError(
+            f"dense: the last {contract} axes of x {x.shape} must equal the first {contract} "
+            f"axes of w {w.shape}."
+        )
+    if jax.sharding.get_abstract_mesh().empty:
+        rows, out = x.shape[:lead], w.shape[contract:]
+        y = x.reshape(math.prod(rows), -1) @ w.reshape(math.prod(w.shape[:contract]), -1)
+        return y.reshape(*rows, *out)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    b, c = letters[:lead], letters[lead : lead + contract]
+    o = letters[lead + contract : lead + w.ndim]
+    return einsum(f"{b}{c},{c}{o}->{b}{o}", x, w, names=names)
 
 
 def take_rows(table: Array, ids: Array, names: Names) -> Array:

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxrl_llm.models._sharded_ops import compute_weight, einsum, reshape
+from jaxrl_llm.models._sharded_ops import compute_weight, dense, reshape
 from jaxrl_llm.models.config import ModelConfig, RopeConfig
 
 Array = jax.Array
@@ -211,7 +211,7 @@ class Attention(nnx.Module):
     def _project(self, x: Array, name: str) -> Array:
         heads = "heads" if name == "q" else "kv_heads"
         weight = compute_weight(getattr(self, name), self.dtype)
-        out = einsum("nsd,dkh->nskh", x, weight, names=("batch", "length", heads, "head_dim"))
+        out = dense(x, weight, contract=1, names=("batch", "length", heads, "head_dim"))
         if self.config.qkv_bias:
             out = out + compute_weight(getattr(self, f"{name}_bias"), self.dtype)
         return out
@@ -229,7 +229,7 @@ class Attention(nnx.Module):
             k, v, written = kv(k, v)
         out = attend(q, k, v, mask, scale=cfg.attention_scale, softcap=cfg.attn_logit_softcap)
         weight = compute_weight(self.o, self.dtype)
-        out = einsum("nshk,hkd->nsd", out, weight, names=("batch", "length", "embed"))
+        out = dense(out, weight, contract=2, names=("batch", "length", "embed"))
         if cfg.o_bias:
             out = out + compute_weight(self.o_bias, self.dtype)
         return out, written
@@ -256,14 +256,11 @@ class MLP(nnx.Module):
     def __call__(self, x: Array) -> Array:
         """`x[N, S, D]` → `[N, S, D]`; the hidden `[N, S, F]` is split over `tensor`."""
         hidden = ("batch", "length", "mlp")
-        gate = einsum("nsd,df->nsf", x, compute_weight(self.gate, self.dtype), names=hidden)
-        up = einsum("nsd,df->nsf", x, compute_weight(self.up, self.dtype), names=hidden)
+        gate = dense(x, compute_weight(self.gate, self.dtype), contract=1, names=hidden)
+        up = dense(x, compute_weight(self.up, self.dtype), contract=1, names=hidden)
         down = compute_weight(self.down, self.dtype)
-        return einsum(
-            "nsf,fd->nsd",
-            _ACT[self.activation](gate) * up,
-            down,
-            names=("batch", "length", "embed"),
+        return dense(
+            _ACT[self.activation](gate) * up, down, contract=1, names=("batch", "length", "embed")
         )
 
 

@@ -257,6 +257,12 @@ def _add_sample_parser(sub: Any) -> None:
     sample.add_argument("--num-samples", type=int, default=1, help="completions per prompt")
     sample.add_argument("--seed", type=int, default=0)
     sample.add_argument("--dtype", default="float32", help="compute dtype: float32 or bfloat16")
+    sample.add_argument(
+        "--answer",
+        action="append",
+        default=None,
+        help="reference answer of each prompt, in order (repeat): prints exact-match pass@k",
+    )
 
 
 def _sample(args: argparse.Namespace) -> int:
@@ -277,6 +283,10 @@ def _sample(args: argparse.Namespace) -> int:
             raise ValueError(
                 f"the tokenizer has {tokenizer.vocab_size} tokens, the model only "
                 f"{model.config.vocab_size}."
+            )
+        if args.answer is not None and len(args.answer) != len(args.prompt):
+            raise ValueError(
+                f"--answer: give one per --prompt ({len(args.prompt)}), got {len(args.answer)}."
             )
         samples = sample_texts(
             model,
@@ -300,7 +310,23 @@ def _sample(args: argparse.Namespace) -> int:
             f"logprob {s.logprob:.3f}"
         )
         print(s.text)
+    if args.answer is not None:
+        print(_pass_at_k_line(samples, args.answer, args.num_samples))
     return 0
+
+
+def _pass_at_k_line(samples: list[Any], answers: list[str], num_samples: int) -> str:
+    """`pass@k` (unbiased, exact match of the completion text) for k = 1, 2, 4, ... and n."""
+    import numpy as np
+
+    from jaxrl_llm.runner.evaluate import pass_at_k
+
+    correct = np.zeros(len(answers), np.int64)
+    for s in samples:
+        correct[s.prompt_index] += int(s.text == answers[s.prompt_index])
+    ks = sorted({min(2**i, num_samples) for i in range(num_samples.bit_length())} | {num_samples})
+    scores = "  ".join(f"pass@{k} {pass_at_k(num_samples, correct, k).mean():.3f}" for k in ks)
+    return f"exact match over {len(answers)} prompts x {num_samples} samples: {scores}"
 
 
 if __name__ == "__main__":

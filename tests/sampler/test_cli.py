@@ -96,3 +96,21 @@ def test_sample_command_reports_bad_input_with_exit_status_2(checkpoint, tmp_pat
     assert "--dtype must be one of" in capsys.readouterr().err
     assert main(["sample", checkpoint, "--tokenizer", "byte", "--prompt", "x", "--top-p", "2"]) == 2
     assert "`top_p` must be in (0, 1]" in capsys.readouterr().err
+
+
+def test_sample_command_reports_exact_match_pass_at_k(checkpoint, capsys):
+    tok = ByteTokenizer()
+    [greedy] = sample_texts(
+        from_pretrained(checkpoint), tok, ["hi"], key=jax.random.key(0), max_new_tokens=5,
+        temperature=0.0,
+    )  # fmt: skip
+    argv = ["sample", checkpoint, "--tokenizer", "byte", "--max-new-tokens", "5"]
+    argv += ["--temperature", "0", "--num-samples", "3", "--prompt", "hi", "--prompt", "abc"]
+    # greedy: all 3 samples of a prompt are its greedy text; the second answer never matches
+    assert main([*argv, "--answer", greedy.text, "--answer", "\x00never"]) == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last == (
+        "exact match over 2 prompts x 3 samples: pass@1 0.500  pass@2 0.500  pass@3 0.500"
+    )
+    assert main([*argv, "--answer", "only one"]) == 2
+    assert "--answer: give one per --prompt (2), got 1." in capsys.readouterr().err

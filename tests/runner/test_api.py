@@ -2,36 +2,15 @@
 
 from __future__ import annotations
 
-import importlib
-import inspect
-import pkgutil
-
 import jaxrl_llm.runner as runner
+from tests.public_api import names_missing_from_all, names_without_examples
 
 
 def test_every_exported_name_has_an_example():
-    undocumented = []
-    for name in runner.__all__:
-        obj = getattr(runner, name)
-        if not (inspect.isfunction(obj) or inspect.isclass(obj)):
-            continue
-        doc = inspect.getdoc(obj) or ""
-        if "Examples:" not in doc or ">>>" not in doc:
-            undocumented.append(name)
+    undocumented = names_without_examples(runner)
     assert not undocumented, f"public names without a doctest example: {undocumented}"
 
 
 def test_all_lists_every_public_function_and_class():
-    exported = set(runner.__all__)
-    forgotten = []
-    for info in pkgutil.iter_modules(runner.__path__):
-        module = importlib.import_module(f"jaxrl_llm.runner.{info.name}")
-        for name, obj in vars(module).items():
-            if (
-                (inspect.isfunction(obj) or inspect.isclass(obj))
-                and obj.__module__ == module.__name__
-                and not name.startswith("_")
-                and name not in exported
-            ):
-                forgotten.append(f"{info.name}.{name}")
+    forgotten = names_missing_from_all(runner)
     assert not forgotten, f"public names missing from jaxrl_llm.runner.__all__: {forgotten}"

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import os
 import pathlib
-import socket
 import subprocess
 import sys
 
@@ -20,6 +18,7 @@ from sharding import (
     make_global_batch,
     make_mesh,
 )
+from tests.simulated_devices import parse_result, run_two_processes
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -138,64 +137,9 @@ def test_make_global_batch_on_one_device():
         make_global_batch({"z": np.float32(1.0)}, mesh)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-# Messages with which a JAX build without cross-process CPU collectives refuses the job.
-_NO_CPU_COLLECTIVES = (
-    "Multiprocess computations aren't implemented on the CPU backend",
-    "CPU collectives are not supported",
-)
-
-
 def test_two_processes_build_one_global_batch_and_agree_on_a_reduction():
-    port = _free_port()
-    procs = []
-    for pid in range(2):
-        env = dict(os.environ)
-        env.update(
-            XLA_FLAGS="--xla_force_host_platform_device_count=4",
-            JAX_PLATFORMS="cpu",
-            PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
-            JAXRL_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
-            JAXRL_NUM_PROCESSES="2",
-            JAXRL_PROCESS_ID=str(pid),
-        )
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, "-m", "tests.sharding.two_process_runner"],
-                cwd=ROOT,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
-    outputs = []
-    try:
-        for proc in procs:
-            outputs.append(proc.communicate(timeout=180))
-    except subprocess.TimeoutExpired:
-        for proc in procs:
-            proc.kill()
-        logs = [p.communicate()[1][-2000:] for p in procs]
-        pytest.fail(f"2-process job timed out after 180 s; stderr tails: {logs}")
-    logs = "\n".join(
-        f"--- process {i} (rc {p.returncode})\n{o[0][-3000:]}\n{o[1][-3000:]}"
-        for i, (p, o) in enumerate(zip(procs, outputs, strict=True))
-    )
-    if any(p.returncode for p in procs) and any(m in logs for m in _NO_CPU_COLLECTIVES):
-        pytest.skip(f"this JAX build has no cross-process CPU collectives:\n{logs}")
-    assert all(p.returncode == 0 for p in procs), logs
-
-    results = []
-    for stdout, _ in outputs:
-        lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
-        assert len(lines) == 1, logs
-        results.append(json.loads(lines[0][len("RESULT ") :]))
+    outputs, port, _ = run_two_processes("tests.sharding.two_process_runner")
+    results = [parse_result(stdout) for stdout, _ in outputs]
     # the global batch: rows r of x are 3r .. 3r + 2 (the runner's data); float64 reference
     x = np.arange(16 * 3, dtype=np.float64).reshape(16, 3)
     expected_sum = float(np.sum(x * x))

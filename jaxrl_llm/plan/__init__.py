@@ -1,0 +1,107 @@
+"""`jaxrl-llm plan`: per-device memory and a rough time split of one RL iteration, before renting.
+
+Given a model (a preset name, a `config.json`, or a `ModelConfig`), a mesh `(data, fsdp,
+tensor)`, the rollout shape and dtypes, `estimate` computes what each device holds and where an
+iteration's time goes. Nothing is allocated: parameter shapes and logical axes come from
+`parameter_shapes` (the `Decoder`'s layout, checked against the real model by the tests) and
+each tensor's per-device size from the same rule table that places the real parameters
+(`sharding.LOGICAL_AXIS_RULES`), so a dimension the mesh does not divide is counted replicated,
+exactly as it would be.
+
+Notation: mesh `d × f × t` (data, fsdp, tensor), `n = d·f·t` devices; `B` prompts, `G` samples
+each, `N = B·G` sequences of `S = P + T` tokens (prompt, completion); `m` sequences per
+micro-batch; `L` layers, `D` width, `F` MLP width, `H` / `K` query / KV heads of size `Hd`,
+`V` vocabulary. `‖x‖_dev` is the per-device share of `x` under the rule table (≈ `x / (f·t)`
+for weights). Bytes: `b_p` parameters, `b_o` optimizer moments, `b_c` compute (activations,
+KV cache, sampler weights).
+
+Memory per device (bytes):
+
+    params      = ‖W‖_dev · b_p
+    optimizer   = 2 · ‖W‖_dev · b_o                    (AdamW: first and second moments)
+    gradients   = ‖W‖_dev · b_p                        (reduce-scattered onto the params' layout)
+    reference   = ‖W‖_dev · b_c                        (frozen KL reference, optional)
+    layer_bufs  = 2 · ‖W_layer‖_t · b_c                (a layer gathered over fsdp, twice)
+    activations = L · a_saved · m/(d·f) · S + a_layer (with remat) + logits
+    sampler     = ‖W‖_t · b_c                          (gathered over fsdp, split over tensor)
+    kv_cache    = 2 · L · N/(d·f) · S · K_t · Hd · b_c (K_t = K/t if t divides K, else K)
+
+with `‖·‖_t` the share when split over tensor only. Saved activations per token and layer
+(`H_t = H/t`, `F_t = F/t`): without remat
+`b_c·(4D + 3(H_t + K_t)·Hd + 4F_t) + (4 + b_c)·H_t·S` (norm inputs and outputs, projections,
+float32 attention logits and probabilities, MLP gates); `remat="dots"` keeps the matmul outputs
+`b_c·(3D + (H_t + 2K_t)·Hd + 2F_t)`; `remat="full"` keeps the layer input `b_c·D`, and both
+recompute one layer (`a_layer`, the no-remat figure for one layer) in the backward pass.
+Logits: `2 · 4 · V/t` bytes per completion token (float32 logits and their cotangent) over
+`min(m/(d·f) · T, logits_chunk)` tokens (only completion positions are scored; the update
+step's `chunk_size` positions of `m/(d·f)` rows give `logits_chunk = m/(d·f) · chunk_size`).
+
+Peak = max(sampling phase, training phase). Sampling holds params + optimizer + reference +
+sampler weights + KV cache + workspace; training holds params + optimizer + gradients +
+reference + layer buffers + activations. The sampling workspace is the larger of the decode
+step's `N/(d·f) · (8·V/t + 4·H_t·S)` (float32 logits and their filtered copy, one layer's
+attention logits) and the prefill's `⌈B/(d·f)⌉ · P · (b_c·(D + (H_t + 2K_t)·Hd + 2F_t) +
+4·H_t·P)` (one layer live).
+
+Time of one iteration (seconds), FLOP-bound phases at `mfu · peak_flops` per device, the
+decode loop at `bandwidth_efficiency · hbm_bandwidth`:
+
+    prefill  = B · P · (2·W_mm + 4·L·H·Hd·P) / (n · mfu · peak)
+    decode   = T · max(bytes_step / (eff · hbm_bw), flops_step / (mfu · peak))
+      bytes_step = ‖W‖_t · b_c + 2·L·N/(d·f)·S·K_t·Hd·b_c        (weights + the whole cache)
+      flops_step = N/(d·f) · (2·W_mm/t + 4·L·H_t·Hd·S)
+    logprobs = passes · N · S · (2·W_mm + 4·L·H·Hd·S) / (n · mfu · peak)
+    training = epochs · N · S · (6·W_mm + 12·L·H·Hd·S) · r / (n · mfu · peak)
+
+Each decode step attends over all `S` slots of the fixed-size cache (masked), as the `Decoder`
+does, so the cache term does not shrink for early steps. `W_mm` counts the weights used in
+matmuls (all but the embedding lookup; the output projection counts once). `6·W·tokens` is the
+usual forward + backward estimate (Kaplan et al., "Scaling Laws for Neural Language Models",
+arXiv:2001.08361); `r = 4/3` with full remat (one more forward); `passes` counts the old-policy
+forward pass (needed when a rollout feeds more than one optimizer update,
+`epochs · minibatches > 1`; on-policy updates reuse the current log-probs) and the reference
+policy's (optional).
+
+Collectives of the update are reported separately, as if not overlapped with compute
+(`train_comm_s`, per micro-batch, at the bandwidth of the link each mesh axis crosses; devices
+are laid out tensor-innermost, so on GPUs an axis stays on NVLink while the product of it and
+the axes inside it fits a node):
+
+    fsdp    (g · ‖W‖_t · b_c + ‖W‖_t · b_p) · (f − 1)/f    (g = 2 weight all-gathers, 3 with
+                                                           full remat; gradient reduce-scatter)
+    data    2 · ‖W‖_dev · b_p · (d − 1)/d                  (gradient all-reduce)
+    tensor  g · 2L · 2(t − 1)/t · m/(d·f) · S · D · b_c     (two activation all-reduces a layer)
+
+The decode loop's tensor-parallel all-reduces (`2L` small ones per step) are latency-bound and
+not modelled.
+
+This is an estimate to choose a mesh with, not a promise: it ignores XLA's temporary buffers,
+fragmentation and host offloading; keep a margin of 10–20% below the HBM size.
+"""
+
+from __future__ import annotations
+
+from jaxrl_llm.plan.devices import DEVICES, DeviceSpec, GiB
+from jaxrl_llm.plan.estimate import Plan, PlanConfig, estimate, mesh_candidates, suggest_meshes
+from jaxrl_llm.plan.report import build_parser, format_plan, main, plan_to_dict, run
+from jaxrl_llm.plan.shapes import PRESETS, ParamShape, parameter_shapes, resolve_model
+
+__all__ = [
+    "DEVICES",
+    "PRESETS",
+    "DeviceSpec",
+    "GiB",
+    "ParamShape",
+    "Plan",
+    "PlanConfig",
+    "build_parser",
+    "estimate",
+    "format_plan",
+    "main",
+    "mesh_candidates",
+    "parameter_shapes",
+    "plan_to_dict",
+    "resolve_model",
+    "run",
+    "suggest_meshes",
+]

@@ -1,0 +1,437 @@
+"""`estimate`: per-device memory and the time split of one RL iteration (formulas: the
+`jaxrl_llm.plan` package docstring); `suggest_meshes` ranks the meshes of a device count."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import pathlib
+from typing import Literal, NamedTuple
+
+from jax.sharding import AbstractMesh
+
+from jaxrl_llm.models.config import ModelConfig
+from jaxrl_llm.plan.devices import DEVICES, DeviceSpec
+from jaxrl_llm.plan.shapes import _per_device_elements, parameter_shapes, resolve_model
+from sharding import MESH_AXES
+
+Remat = Literal["none", "dots", "full"]
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+# ------------------------------------------------------------------------------ inputs
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PlanConfig:
+    """The workload: mesh, rollout shape, optimisation batch and dtypes.
+
+    Examples:
+      >>> PlanConfig(mesh=(1, 8, 1), batch=64, group_size=8).num_sequences
+      512
+    """
+
+    mesh: tuple[int, int, int] = (1, 1, 1)  # (data, fsdp, tensor)
+    prompt_len: int = 512  # P
+    completion_len: int = 1024  # T
+    batch: int = 64  # B prompts per iteration
+    group_size: int = 8  # G samples per prompt
+    micro_batch: int | None = None  # sequences per forward/backward; None: a whole update
+    epochs: int = 1  # passes over the N sequences per iteration
+    minibatches: int = 1  # optimizer updates per epoch
+    param_dtype: str = "float32"
+    compute_dtype: str = "bfloat16"
+    optimizer_dtype: str = "float32"
+    remat: Remat = "full"
+    reference: bool = False  # frozen reference policy for a KL term
+    logits_chunk: int | None = None  # tokens per device whose logits exist at once; None: all
+    mfu: float = 0.4
+    bandwidth_efficiency: float = 0.8
+
+    def __post_init__(self) -> None:
+        mesh = tuple(self.mesh)
+        if len(mesh) != 3 or any(not isinstance(s, int) or s < 1 for s in mesh):
+            raise ValueError(
+                f"PlanConfig.mesh must be three positive ints (data, fsdp, tensor), got "
+                f"{self.mesh!r}."
+            )
+        object.__setattr__(self, "mesh", mesh)
+        for name in (
+            "prompt_len",
+            "completion_len",
+            "batch",
+            "group_size",
+            "epochs",
+            "minibatches",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"PlanConfig.{name} must be a positive int, got {value!r}.")
+        for name in ("param_dtype", "compute_dtype", "optimizer_dtype"):
+            if getattr(self, name) not in _DTYPE_BYTES:
+                raise ValueError(
+                    f"PlanConfig.{name} must be one of {sorted(_DTYPE_BYTES)}, got "
+                    f"{getattr(self, name)!r}."
+                )
+        if self.remat not in ("none", "dots", "full"):
+            raise ValueError(
+                f"PlanConfig.remat must be 'none', 'dots' or 'full', got {self.remat!r}."
+            )
+        for name in ("micro_batch", "logits_chunk"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(
+                    f"PlanConfig.{name} must be a positive int or None, got {value!r}."
+                )
+        for name in ("mfu", "bandwidth_efficiency"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ValueError(
+                    f"PlanConfig.{name} must be in (0, 1], got {getattr(self, name)!r}."
+                )
+
+    @property
+    def num_sequences(self) -> int:
+        """N = B·G sequences per iteration."""
+        return self.batch * self.group_size
+
+
+def _check_mesh(config: ModelConfig, plan: PlanConfig) -> list[str]:
+    """Raise for meshes the model cannot use; return notes for legal but lossy layouts."""
+    d, f, t = plan.mesh
+    rows = d * f
+    problems = []
+    if config.num_heads % t:
+        problems.append(f"num_heads={config.num_heads} is not divisible by tensor={t}")
+    if config.intermediate_size % t:
+        problems.append(
+            f"intermediate_size={config.intermediate_size} is not divisible by tensor={t}"
+        )
+    if config.hidden_size % f:
+        problems.append(f"hidden_size={config.hidden_size} is not divisible by fsdp={f}")
+    N = plan.num_sequences
+    if N % rows:
+        problems.append(
+            f"N = batch·group_size = {N} sequences do not split over data·fsdp = {rows}"
+        )
+    if N % plan.minibatches:
+        problems.append(f"minibatches={plan.minibatches} does not divide N = {N}")
+    update = N // plan.minibatches
+    micro = plan.micro_batch
+    if micro is not None and (micro % rows or update % micro):
+        problems.append(
+            f"micro_batch={micro} must be a multiple of data·fsdp = {rows} and divide the "
+            f"{update} sequences of one optimizer update"
+        )
+    if problems:
+        raise ValueError(
+            f"plan: impossible mesh (data={d}, fsdp={f}, tensor={t}): " + "; ".join(problems) + "."
+        )
+    notes = []
+    if config.num_kv_heads % t:
+        notes.append(
+            f"num_kv_heads={config.num_kv_heads} does not split over tensor={t}: k/v weights and "
+            "the KV cache are replicated over tensor"
+        )
+    if config.vocab_size % t:
+        notes.append(f"vocab_size={config.vocab_size} does not split over tensor={t}: replicated")
+    return notes
+
+
+# ------------------------------------------------------------------------------ estimate
+
+
+class Plan(NamedTuple):
+    """Per-device memory (bytes) and per-iteration time (seconds) of one workload on one mesh.
+
+    Examples:
+      >>> p = estimate("qwen3-0.6b", PlanConfig(mesh=(1, 1, 1), batch=4, group_size=2), "h100")
+      >>> p.memory["peak"] == max(p.memory["sampling_peak"], p.memory["training_peak"])
+      True
+    """
+
+    model: str
+    num_params: int
+    device: DeviceSpec
+    config: PlanConfig
+    memory: dict[str, float]  # bytes per device
+    time: dict[str, float]  # seconds per iteration
+    decode_bound: Literal["memory", "compute"]  # what limits one decode step
+    notes: tuple[str, ...]
+
+    @property
+    def fits(self) -> bool:
+        """Whether the peak fits the device's HBM."""
+        return self.memory["peak"] <= self.device.hbm_bytes
+
+    @property
+    def iteration_s(self) -> float:
+        """Sampling plus training compute time of one iteration (communication not included)."""
+        return self.time["sampling_s"] + self.time["training_total_s"]
+
+
+def _activation_bytes(config: ModelConfig, plan: PlanConfig, rows: int) -> dict[str, float]:
+    """Saved activations of one micro-batch on one device (see the module docstring)."""
+    t = plan.mesh[2]
+    bc = _DTYPE_BYTES[plan.compute_dtype]
+    D, Hd, L, S = (
+        config.hidden_size,
+        config.head_dim,
+        config.num_layers,
+        plan.prompt_len + plan.completion_len,
+    )
+    H_t = config.num_heads / t
+    K_t = config.num_kv_heads / t if config.num_kv_heads % t == 0 else config.num_kv_heads
+    F_t = config.intermediate_size / t
+    tokens = rows * S
+    full_layer = tokens * (bc * (4 * D + 3 * (H_t + K_t) * Hd + 4 * F_t) + (4 + bc) * H_t * S)
+    if plan.remat == "none":
+        saved, working = L * full_layer, 0.0
+    elif plan.remat == "dots":
+        saved = L * tokens * bc * (3 * D + (H_t + 2 * K_t) * Hd + 2 * F_t)
+        working = full_layer
+    else:
+        saved, working = L * tokens * bc * D, full_layer
+    scored = rows * plan.completion_len
+    logit_tokens = scored if plan.logits_chunk is None else min(scored, plan.logits_chunk)
+    logits = 2 * 4 * logit_tokens * config.vocab_size / t
+    return {"saved": saved, "working": working, "logits": logits}
+
+
+def _matmul_weights(config: ModelConfig) -> int:
+    """Weights that take part in matmuls: everything but the embedding lookup (tied: once)."""
+    total = sum(math.prod(p.shape) for p in parameter_shapes(config))
+    if not config.tie_embeddings:
+        total -= config.vocab_size * config.hidden_size  # the lookup table is not a matmul
+    return total
+
+
+def _axis_bandwidth(device: DeviceSpec, mesh: tuple[int, int, int], axis: int) -> float:
+    """Bandwidth of a collective along mesh axis `axis` (devices are laid out tensor-innermost)."""
+    span = math.prod(mesh[axis:])
+    if device.fast_domain is None or span <= device.fast_domain:
+        return device.interconnect_bandwidth
+    return device.network_bandwidth
+
+
+def estimate(
+    model: str | pathlib.Path | ModelConfig,
+    plan: PlanConfig,
+    device: str | DeviceSpec = "h100",
+) -> Plan:
+    """Per-device memory and per-iteration time of `plan` for `model` (formulas: module docstring).
+
+    Args:
+      model: a preset name (`PRESETS`), a `config.json` or checkpoint directory, or a
+        `ModelConfig`.
+      plan: mesh, rollout shape, micro-batch and dtypes.
+      device: a `DEVICES` name or a `DeviceSpec`.
+
+    Returns:
+      A `Plan` with `memory` (bytes per device) and `time` (seconds per iteration).
+
+    Raises:
+      ValueError: an unknown preset or device, or an impossible mesh (query heads or MLP width
+        not divisible by `tensor`, model width not divisible by `fsdp`, sequences or
+        micro-batches not divisible by `data·fsdp`).
+
+    Examples:
+      >>> p = estimate("qwen2.5-7b", PlanConfig(mesh=(1, 8, 1), batch=32, group_size=8), "h100")
+      >>> round(p.num_params / 1e9, 2), round(p.memory["params"] / 2**30, 2)
+      (7.62, 3.55)
+    """
+    name, config = resolve_model(model)
+    if isinstance(device, str):
+        if device not in DEVICES:
+            raise ValueError(f"plan: unknown device {device!r}; known: {', '.join(DEVICES)}.")
+        device = DEVICES[device]
+    notes = _check_mesh(config, plan)
+    sizes = _sizes(config, plan)
+    memory = _memory(config, plan, sizes)
+    time, bound = _time(config, plan, device, sizes)
+    return Plan(name, sizes.num_params, device, plan, memory, time, bound, tuple(notes))
+
+
+class _Sizes(NamedTuple):
+    """Element counts and row counts shared by the memory and time estimates."""
+
+    num_params: int
+    w_dev: int  # parameter elements per device (rule table on the full mesh)
+    w_t: int  # parameter elements per device when split over tensor only
+    layer_t: int  # the same, for the stacked layers only (all L of them)
+    kv_heads: int  # KV heads per device (K/t, or K when t does not divide K)
+    rows: int  # sequences per device during sampling, N / (d·f)
+    micro: int  # sequences per micro-batch (global)
+    micro_rows: int  # sequences per micro-batch per device
+
+
+def _sizes(config: ModelConfig, plan: PlanConfig) -> _Sizes:
+    d, f, t = plan.mesh
+    params = parameter_shapes(config)
+    tensor_only = AbstractMesh((1, 1, t), MESH_AXES)
+    layers = tuple(p for p in params if p.path.startswith("layers."))
+    K = config.num_kv_heads
+    micro = plan.micro_batch or plan.num_sequences // plan.minibatches
+    return _Sizes(
+        num_params=sum(math.prod(p.shape) for p in params),
+        w_dev=_per_device_elements(params, AbstractMesh((d, f, t), MESH_AXES)),
+        w_t=_per_device_elements(params, tensor_only),
+        layer_t=_per_device_elements(layers, tensor_only),
+        kv_heads=K // t if K % t == 0 else K,
+        rows=plan.num_sequences // (d * f),
+        micro=micro,
+        micro_rows=micro // (d * f),
+    )
+
+
+def _memory(config: ModelConfig, plan: PlanConfig, z: _Sizes) -> dict[str, float]:
+    d, f, t = plan.mesh
+    bp, bo, bc = (
+        _DTYPE_BYTES[x] for x in (plan.param_dtype, plan.optimizer_dtype, plan.compute_dtype)
+    )
+    L, Hd, H = config.num_layers, config.head_dim, config.num_heads
+    P, S = plan.prompt_len, plan.prompt_len + plan.completion_len
+    acts = _activation_bytes(config, plan, z.micro_rows)
+    memory = {
+        "params": z.w_dev * bp,
+        "optimizer": 2 * z.w_dev * bo,
+        "gradients": z.w_dev * bp,
+        "reference": z.w_dev * bc if plan.reference else 0.0,
+        "layer_buffers": 2 * z.layer_t / L * bc,
+        "activations": acts["saved"] + acts["working"] + acts["logits"],
+        "sampler_weights": z.w_t * bc,
+        "kv_cache": 2 * L * z.rows * S * z.kv_heads * Hd * bc,
+    }
+    # prefill: one layer of B/(d·f) prompts live at a time, with float32 [P, P] attention logits
+    prefill_rows = math.ceil(plan.batch / (d * f))
+    widths = config.hidden_size + (H / t + 2 * z.kv_heads) * Hd + 2 * config.intermediate_size / t
+    prefill = prefill_rows * P * (bc * widths + 4 * (H / t) * P)
+    # decode: float32 logits (and their filtered copy) and one layer's attention logits
+    vocab = config.vocab_size / t if config.vocab_size % t == 0 else config.vocab_size
+    decode = z.rows * (2 * 4 * vocab + 4 * (H / t) * S)
+    memory["sampling_workspace"] = max(prefill, decode)
+    resident = memory["params"] + memory["optimizer"] + memory["reference"]
+    memory["sampling_peak"] = (
+        resident + memory["sampler_weights"] + memory["kv_cache"] + memory["sampling_workspace"]
+    )
+    memory["training_peak"] = (
+        resident + memory["gradients"] + memory["layer_buffers"] + memory["activations"]
+    )
+    memory["peak"] = max(memory["sampling_peak"], memory["training_peak"])
+    return memory
+
+
+def _time(
+    config: ModelConfig, plan: PlanConfig, device: DeviceSpec, z: _Sizes
+) -> tuple[dict[str, float], Literal["memory", "compute"]]:
+    d, f, t = plan.mesh
+    n = d * f * t
+    bp, bc = _DTYPE_BYTES[plan.param_dtype], _DTYPE_BYTES[plan.compute_dtype]
+    L, Hd, H = config.num_layers, config.head_dim, config.num_heads
+    P, T, N = plan.prompt_len, plan.completion_len, plan.num_sequences
+    S = P + T
+    flops = device.peak_flops * plan.mfu
+    w_mm = _matmul_weights(config)
+    attn = 4 * L * H * Hd  # forward FLOPs per token and context position
+    prefill_s = plan.batch * P * (2 * w_mm + attn * P) / (n * flops)
+    # each step reads the weights and the whole fixed-size cache (all S slots, masked)
+    step_bytes = z.w_t * bc + 2 * L * z.rows * S * z.kv_heads * Hd * bc
+    step_flops = z.rows * (2 * w_mm / t + attn / t * S)
+    memory_s = step_bytes / (device.hbm_bandwidth * plan.bandwidth_efficiency)
+    step_s = max(memory_s, step_flops / flops)
+    bound: Literal["memory", "compute"] = "memory" if memory_s >= step_flops / flops else "compute"
+    tokens = N * S
+    passes = (plan.epochs * plan.minibatches > 1) + plan.reference
+    logprob_s = passes * tokens * (2 * w_mm + attn * S) / (n * flops)
+    remat_factor = 4 / 3 if plan.remat == "full" else 1.0
+    train_s = plan.epochs * tokens * (6 * w_mm + 3 * attn * S) * remat_factor / (n * flops)
+
+    gathers = 3 if plan.remat == "full" else 2
+    fsdp_bytes = (gathers * z.w_t * bc + z.w_t * bp) * (f - 1) / f
+    data_bytes = 2 * z.w_dev * bp * (d - 1) / d
+    # tensor parallelism: two all-reduces of [tokens, D] per layer and pass
+    tensor_bytes = gathers * 2 * L * 2 * (t - 1) / t * z.micro_rows * S * config.hidden_size * bc
+    train_comm_s = (plan.epochs * N // z.micro) * (
+        fsdp_bytes / _axis_bandwidth(device, plan.mesh, 1)
+        + data_bytes / _axis_bandwidth(device, plan.mesh, 0)
+        + tensor_bytes / _axis_bandwidth(device, plan.mesh, 2)
+    )
+    time = {
+        "prefill_s": prefill_s,
+        "decode_s": T * step_s,
+        "decode_step_s": step_s,
+        "sampling_s": prefill_s + T * step_s,
+        "logprob_s": logprob_s,
+        "training_s": train_s,
+        "training_total_s": logprob_s + train_s,
+        "train_comm_s": train_comm_s,
+    }
+    return time, bound
+
+
+# ------------------------------------------------------------------------------ search, report
+
+
+def mesh_candidates(num_devices: int) -> list[tuple[int, int, int]]:
+    """Every `(data, fsdp, tensor)` with `data·fsdp·tensor = num_devices`.
+
+    Examples:
+      >>> mesh_candidates(4)
+      [(1, 1, 4), (1, 2, 2), (1, 4, 1), (2, 1, 2), (2, 2, 1), (4, 1, 1)]
+    """
+    if isinstance(num_devices, bool) or not isinstance(num_devices, int) or num_devices < 1:
+        raise ValueError(
+            f"mesh_candidates: num_devices must be a positive int, got {num_devices!r}."
+        )
+    out = []
+    for d in range(1, num_devices + 1):
+        if num_devices % d:
+            continue
+        rest = num_devices // d
+        for f in range(1, rest + 1):
+            if rest % f == 0:
+                out.append((d, f, rest // f))
+    return out
+
+
+def suggest_meshes(
+    model: str | pathlib.Path | ModelConfig,
+    plan: PlanConfig,
+    device: str | DeviceSpec,
+    num_devices: int,
+    *,
+    margin: float = 0.85,
+) -> list[Plan]:
+    """Plans for every legal mesh of `num_devices`, the fitting ones first, fastest first.
+
+    A plan "fits" here when its peak is at most `margin` of the HBM (XLA needs room for its
+    temporaries). Meshes the model cannot use (see `estimate`) are skipped. Fitting plans are
+    ranked by iteration time plus the collectives' time (counted as not overlapped, which
+    penalises axes that cross slow links) in 3% steps; within a step the lower peak memory wins.
+    Meshes that do not fit follow, the smallest peak first.
+
+    Examples:
+      >>> plans = suggest_meshes("qwen3-0.6b", PlanConfig(batch=8, group_size=4), "h100", 8)
+      >>> plans[0].config.mesh in mesh_candidates(8)
+      True
+    """
+    if not 0 < margin <= 1:
+        raise ValueError(f"suggest_meshes: margin must be in (0, 1], got {margin!r}.")
+    plans = []
+    for mesh in mesh_candidates(num_devices):
+        try:
+            plans.append(estimate(model, dataclasses.replace(plan, mesh=mesh), device))
+        except ValueError:
+            continue
+    if not plans:
+        raise ValueError(
+            f"suggest_meshes: no mesh of {num_devices} devices can hold this workload's shape "
+            "(heads, MLP width, model width and N must divide the axes)."
+        )
+
+    def key(p: Plan) -> tuple[int, int, float]:
+        if p.memory["peak"] > margin * p.device.hbm_bytes:
+            return (1, 0, p.memory["peak"])  # closest to fitting first
+        time = p.iteration_s + p.time["train_comm_s"]
+        return (0, round(math.log(time) / math.log(1.03)), p.memory["peak"])
+
+    return sorted(plans, key=key)

@@ -1,7 +1,7 @@
 """Throughput and compile time of the compiled sampler, and the ratio to Hugging Face `generate`.
 
-Run with `python -m benchmarks.bench_sampler [--out FILE.json] [--repeat 7] [--no-hf]`. Never part
-of the test suite's pass/fail.
+Run with `python -m benchmarks.bench_sampler [--out FILE.json] [--repeat 7] [--no-hf]
+[--decode-phases 4]`. Never part of the test suite's pass/fail.
 
 Workloads (issue 5): Qwen3-shaped models with the byte vocabulary (259 tokens), prompts of 16
 tokens, temperature 1, no early stop (`stop_tokens=()`), so every row generates exactly `T`
@@ -98,10 +98,16 @@ def prompts(B: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return left_pad(rng.integers(0, 256, (B, PROMPT_LEN)).tolist(), length=PROMPT_LEN, pad_id=0)
 
 
-def bench_ours(model: Any, B: int, G: int, T: int, repeat: int, steps_per_loop: int) -> dict:
+def bench_ours(
+    model: Any, B: int, G: int, T: int, repeat: int, steps_per_loop: int, decode_phases: int = 1
+) -> dict:
     graphdef, state = nnx.split(model)
     config = SamplingConfig(
-        max_new_tokens=T, num_samples=G, stop_tokens=(), steps_per_loop=steps_per_loop
+        max_new_tokens=T,
+        num_samples=G,
+        stop_tokens=(),
+        steps_per_loop=steps_per_loop,
+        decode_phases=decode_phases,
     )
     tokens, mask = prompts(B)
     before = jit_sample_tokens._cache_size()
@@ -184,6 +190,9 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="write the results as JSON here")
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--steps-per-loop", type=int, default=4)
+    parser.add_argument(
+        "--decode-phases", type=int, default=1, help="SamplingConfig.decode_phases of ours"
+    )
     parser.add_argument("--no-hf", action="store_true", help="skip the Hugging Face reference")
     parser.add_argument("--only", default=None, help="run only this model size (tiny / small)")
     args = parser.parse_args()
@@ -201,7 +210,9 @@ def main() -> None:
                 if case_size != size:
                     continue
                 row = {"model": size, "prompts": B, "samples": G, "rows": B * G, "new_tokens": T}
-                row["jaxrl_llm"] = bench_ours(ours, B, G, T, args.repeat, args.steps_per_loop)
+                row["jaxrl_llm"] = bench_ours(
+                    ours, B, G, T, args.repeat, args.steps_per_loop, args.decode_phases
+                )
                 if not args.no_hf:
                     ours_tps = row["jaxrl_llm"]["tokens_per_s"]
                     for threads in (os.cpu_count() or 1, 1):
@@ -221,6 +232,7 @@ def main() -> None:
         },
         "prompt_len": PROMPT_LEN,
         "steps_per_loop": args.steps_per_loop,
+        "decode_phases": args.decode_phases,
         "results": results,
     }
     if args.out:

@@ -144,7 +144,7 @@ def from_pretrained(
     param_dtype: Any = jnp.float32,
     mesh: Mesh | None = None,
     rules: Rules = LOGICAL_AXIS_RULES,
-    remat: Remat = "none",
+    remat: Remat = "dots",
     head: Literal["lm", "value"] = "lm",
     seed: int = 0,
 ) -> Decoder | ValueModel:

@@ -59,7 +59,7 @@ class ValueModel(nnx.Module):
         *,
         dtype: Any = jnp.float32,
         param_dtype: Any = jnp.float32,
-        remat: Remat = "none",
+        remat: Remat = "dots",
         rngs: nnx.Rngs,
     ):
         self.backbone = Decoder(

@@ -57,7 +57,8 @@ class ModelSection:
         the run's `seed`; exactly one of `checkpoint` and `init`.
       dtype: compute dtype.
       param_dtype: storage dtype of the parameters.
-      remat: per-layer rematerialisation ("none", "full", "dots").
+      remat: per-layer rematerialisation: "dots" (default: keep the matmul outputs, recompute
+        the rest; the fastest on XLA:CPU), "full" or "none" (see `Decoder`).
       trainable: regexes of the trainable parameter paths (`split_models`; () = all).
       frozen: regexes of parameter paths to freeze.
       critic_checkpoint: the PPO critic (`critic.kind: model`) from this checkpoint
@@ -80,7 +81,7 @@ class ModelSection:
     init: ModelConfig | None = None
     dtype: DType = "float32"
     param_dtype: DType = "float32"
-    remat: Literal["none", "full", "dots"] = "none"
+    remat: Literal["none", "full", "dots"] = "dots"
     trainable: tuple[str, ...] = ()
     frozen: tuple[str, ...] = ()
     critic_checkpoint: str | None = None

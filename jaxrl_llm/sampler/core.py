@@ -9,16 +9,23 @@ Program:
 
 1. Prefill: the `B` left-padded prompts `[B, P]` run once through `Decoder.decode_hidden`
    into a `P`-slot cache; only the last column is projected to logits (`[B, V]`).
-2. Group broadcast: the prompt cache (`B` rows of `P` slots) is repeated to the `N = B·G` rows and
-   padded to `P + T'` slots in one fused copy (`T'` = `T` rounded up to `steps_per_loop`).
+2. Group broadcast: the prompt cache (`B` rows of `P` slots) is repeated to the `N = B·G` rows,
+   padded to `P + T'` slots and put in the decode layout (`decode.DecodeCache`: per-layer
+   buffers, keys `[N, K, Hd, T]`, values `[N, K, T, Hd]`) in one fused copy (`T'` = `T`
+   rounded up to `steps_per_loop`). Before the loop, the layer weights are sliced out of the
+   stacked parameters once (`decode.decode_layers`) and the rotary sines and cosines of every
+   decode step are computed (`decode.decode_rope`).
 3. Decode: a `while_loop` that stops when every row is done (stop token or its own budget) or
-   after `T'` steps. Each iteration runs `steps_per_loop` steps (a fully unrolled `lax.scan`);
+   after `T'` steps (with `decode_phases > 1`, one `while_loop` per phase, the cache grown by
+   empty slots between phases, `phase_ends`, so that attention reads only the slots that the
+   phase can have filled). Each iteration runs `steps_per_loop` steps (an unrolled `lax.scan`);
    a step draws one token per row (`filters.draw_tokens`, by inverse-CDF sampling with the
    uniform `row_uniforms(row_keys)[n, t]`, drawn with `fold_in(row_key[n], t)` before the
-   loop), records it, and feeds it through `Decoder.decode_hidden`. All rows
+   loop), records it, and feeds it through `decode.decode_step` (the decoder's layers on one
+   token per row, attention as multiply-reduces over the cache). All rows
    advance in lockstep (the cache has one shared length, so each write is one
-   `dynamic_update_slice`); finished rows write `pad_id` with attention mask 0, which is
-   never read back.
+   `dynamic_update_slice` per layer buffer, in place); finished rows write `pad_id` with
+   attention mask 0, which is never read back.
 
 Sharding: called under `jax.set_mesh(mesh)` (Explicit or Auto axes), every per-row array
 (prompts, keys' uniforms, the cache, the decode state, the rollout) is laid out with its rows
@@ -40,6 +47,14 @@ from jax.sharding import AxisType, PartitionSpec
 from jaxrl_llm.models._sharded_ops import compute_layout, reshape
 from jaxrl_llm.models.cache import KVCache, positions_from_mask, shard_cache
 from jaxrl_llm.sampler.config import SamplingConfig
+from jaxrl_llm.sampler.decode import (
+    DecodeCache,
+    decode_cache,
+    decode_layers,
+    decode_rope,
+    decode_step,
+    grow_decode_cache,
+)
 from jaxrl_llm.sampler.filters import draw_tokens, row_uniforms
 from jaxrl_llm.sampler.rollout import Rollout
 from sharding import ACTIVATION_AXIS_RULES, logical_to_spec, shard
@@ -50,7 +65,7 @@ Array = jax.Array
 class _DecodeState(NamedTuple):
     step: Array  # [] int32, the completion index written next
     logits: Array  # [N, V] float32, next-token logits
-    cache: KVCache  # k [L, N, K, P + T', Hd], v [L, N, K, Hd, P + T']; lengths []
+    cache: DecodeCache  # per layer k [N, K, Hd, S], v [N, K, S, Hd] (S <= P + T'); length []
     done: Array  # [N] bool
     lengths: Array  # [N] int32, completion tokens written per row
     tokens: Array  # [N, T'] int32
@@ -192,6 +207,22 @@ def broadcast_cache(cache: KVCache, num_samples: int, max_len: int) -> KVCache:
     )
 
 
+def phase_ends(steps: int, steps_per_loop: int, phases: int) -> tuple[int, ...]:
+    """The last step (exclusive) of each decode phase: `phases` near-equal multiples of U.
+
+    Phase `j` runs the steps before `ends[j]` with a cache of `P + ends[j]` slots, so its
+    attention reads no more slots than it can need. Fewer phases come out when there are
+    fewer loop iterations than phases.
+
+    Examples:
+      >>> phase_ends(128, 4, 4), phase_ends(8, 4, 3), phase_ends(12, 4, 1)
+      ((32, 64, 96, 128), (4, 8), (12,))
+    """
+    iterations = steps // steps_per_loop
+    ends = {steps_per_loop * max(1, round(iterations * (j + 1) / phases)) for j in range(phases)}
+    return tuple(sorted(ends))
+
+
 def _is_stop(tokens: Array, stop_tokens: tuple[int, ...]) -> Array:
     if not stop_tokens:
         return jnp.zeros(tokens.shape, bool)
@@ -262,6 +293,9 @@ def sample_tokens(
     )
     first_logits = _whole_rows(model.logits(hidden[:, -1]))  # [B, V] float32
     prompt_lengths = _repeat_rows(jnp.sum(mask, axis=1, dtype=jnp.int32), G, 0, _ROW)  # [N]
+    layers = decode_layers(model, config.layer_unroll)  # per-layer weights sliced once
+    steps = prompt_lengths[:, None] + jnp.arange(T_loop, dtype=jnp.int32)[None]  # [N, T']
+    rope_table = decode_rope(model, steps)  # (sin, cos) [N, T', Hd/2] of every decode step
 
     def one_step(s: _DecodeState, _: None) -> tuple[_DecodeState, None]:
         def draw_rows(logits: Array, *u: Array) -> Any:
@@ -283,12 +317,9 @@ def sample_tokens(
         token = jnp.where(active, draw.tokens, config.pad_id)
         lengths = s.lengths + active.astype(jnp.int32)
         done = s.done | (active & _is_stop(token, config.stop_tokens)) | (lengths >= budgets)
-        hidden, cache = model.decode_hidden(
-            token[:, None],
-            (prompt_lengths + s.step)[:, None],
-            s.cache,
-            attention_mask=active[:, None],
-            layer_unroll=config.layer_unroll,
+        rope = jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, s.step, 1, 1), rope_table)
+        hidden, cache = decode_step(
+            model, layers, token, prompt_lengths + s.step, active, s.cache, rope
         )
 
         def record(buffer: Array, values: Array) -> Array:
@@ -296,7 +327,7 @@ def sample_tokens(
 
         return _DecodeState(
             step=s.step + 1,
-            logits=_whole_rows(model.logits(hidden[:, 0])),
+            logits=_whole_rows(model.logits(hidden)),
             cache=cache,
             done=done,
             lengths=lengths,
@@ -307,23 +338,27 @@ def sample_tokens(
             ),
         ), None
 
-    def cond(s: _DecodeState) -> Array:
-        return (s.step < T_loop) & ~jnp.all(s.done)
-
     def body(s: _DecodeState) -> _DecodeState:
         return jax.lax.scan(one_step, s, None, length=U, unroll=True)[0]
 
+    ends = phase_ends(T_loop, U, config.decode_phases)  # the cache grows at each phase end
     start = _DecodeState(
         step=jnp.zeros((), jnp.int32),
         logits=_repeat_rows(first_logits, G, 0, _ROW_TIME),
-        cache=shard_cache(broadcast_cache(cache, G, P + T_loop)),
+        cache=decode_cache(broadcast_cache(cache, G, P + ends[0])),
         done=budgets <= 0,
         lengths=shard(jnp.zeros((N,), jnp.int32), _ROW),
         tokens=shard(jnp.full((N, T_loop), config.pad_id, jnp.int32), _ROW_TIME),
         logprobs=shard(jnp.zeros((N, T_loop), jnp.float32), _ROW_TIME),
         sampling_logprobs=shard(jnp.zeros((N, T_loop), jnp.float32), _ROW_TIME),
     )
-    final = jax.lax.while_loop(cond, body, start)
+    final = start  # one while_loop per phase; the cache grows between them
+    for j, end in enumerate(ends):
+        if j:
+            final = final._replace(cache=grow_decode_cache(final.cache, P + end))
+        final = jax.lax.while_loop(
+            lambda s, end=end: (s.step < end) & ~jnp.all(s.done), body, final
+        )
 
     completion = final.tokens[:, :T]
     completion_mask = jnp.arange(T)[None, :] < final.lengths[:, None]

@@ -1,7 +1,7 @@
 """Throughput and compile time of the compiled sampler, and the ratio to Hugging Face `generate`.
 
 Run with `python -m benchmarks.bench_sampler [--out FILE.json] [--repeat 7] [--no-hf]
-[--decode-phases 4]`. Never part of the test suite's pass/fail.
+[--decode-phases 4] [--peers-python PYTHON] [--no-tunix]`. Never part of the test suite's pass/fail.
 
 Workloads (issue 5): Qwen3-shaped models with the byte vocabulary (259 tokens), prompts of 16
 tokens, temperature 1, no early stop (`stop_tokens=()`), so every row generates exactly `T`
@@ -22,6 +22,13 @@ The Hugging Face reference loads the same weights (written with `transformers`, 
 left-padded prompts, with torch using all cores and with one thread (the second is steadier
 on a shared machine, where torch's spinning threads suffer most from other processes). The machine is shared: `uptime`'s 1-minute load average is recorded with
 each measurement.
+
+Tunix's sampler (`benchmarks.peers.tunix_sampler`: `tunix.generate.sampler.Sampler` on the same
+shapes with random weights, the same prompt length, T and temperature, no early stop, a KV cache
+of P + T) runs in the peers' environment given by `--peers-python` (default `$PEERS_PYTHON`,
+else `/tmp/peers-venv/bin/python` when it exists), one subprocess per case; it is skipped with
+a message when Tunix does not import there. Its compile time is its first call's wall time
+(tracing, compilation and one run).
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ import os
 import pathlib
 import platform
 import statistics
+import subprocess
 import tempfile
 import time
 from typing import Any
@@ -40,6 +48,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from benchmarks.bench_grpo import ROOT, _peers_python, _subprocess
 from jaxrl_llm.models import from_pretrained
 from jaxrl_llm.sampler import SamplingConfig, jit_sample_tokens, left_pad
 
@@ -185,6 +194,28 @@ def _time_hf(model: Any, B: int, G: int, T: int, repeat: int) -> dict:
     }
 
 
+def tunix_missing(python: str | None) -> str | None:
+    """None when Tunix's sampler imports in `python`, else why it cannot run."""
+    if python is None:
+        return "no --peers-python, $PEERS_PYTHON or /tmp/peers-venv"
+    probe = subprocess.run(
+        [python, "-c", "import benchmarks.peers.tunix_sampler as m; m.check_installed()"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
+    if probe.returncode == 0:
+        return None
+    return f"it does not import in {python}: {(probe.stderr.strip().splitlines() or ['?'])[-1]}"
+
+
+def bench_tunix(python: str, size: str, B: int, G: int, T: int, repeat: int) -> dict:
+    workload = {"model": size, "prompts": B, "samples": G, "new_tokens": T}
+    command = [python, "-m", "benchmarks.peers.tunix_sampler", json.dumps(workload), str(repeat)]
+    return _subprocess(command)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", default=None, help="write the results as JSON here")
@@ -195,7 +226,13 @@ def main() -> None:
     )
     parser.add_argument("--no-hf", action="store_true", help="skip the Hugging Face reference")
     parser.add_argument("--only", default=None, help="run only this model size (tiny / small)")
+    parser.add_argument("--peers-python", default=None, help="python of the peers' venv (Tunix)")
+    parser.add_argument("--no-tunix", action="store_true", help="skip Tunix's sampler")
     args = parser.parse_args()
+    peers_python = _peers_python(args.peers_python)
+    tunix_skipped = "--no-tunix" if args.no_tunix else tunix_missing(peers_python)
+    if tunix_skipped:
+        print(f"tunix: skipped ({tunix_skipped})", flush=True)
 
     results = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -220,6 +257,13 @@ def main() -> None:
                         row[f"hf_generate_{threads}_threads"] = hf
                         row[f"speedup_vs_hf_{threads}_threads"] = round(
                             ours_tps / hf["tokens_per_s"], 1
+                        )
+                if not tunix_skipped:
+                    tunix = bench_tunix(peers_python, size, B, G, T, args.repeat)
+                    row["tunix"] = tunix
+                    if "error" not in tunix:
+                        row["speedup_vs_tunix"] = round(
+                            row["jaxrl_llm"]["tokens_per_s"] / tunix["tokens_per_s"], 2
                         )
                 results.append(row)
                 print(json.dumps(row))

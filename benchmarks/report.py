@@ -294,17 +294,20 @@ def sampler_table(results: pathlib.Path) -> list[str]:
         "### Sampler (generated tokens/s, `benchmarks/bench_sampler.py`)",
         "",
         "| model | B × G × T | ours tok/s | compile s | HF generate tok/s (best of threads) | "
-        "ratio |",
-        "|---|---|---|---|---|---|",
+        "ours / HF | Tunix tok/s | Tunix first call s | ours / Tunix |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in data["results"]:
         ours = row["jaxrl_llm"]
         hf = [v["tokens_per_s"] for k, v in row.items() if k.startswith("hf_generate")]
         best = max(hf) if hf else None
+        tunix = row.get("tunix") if _ok(row.get("tunix")) else {}
         lines.append(
             f"| {row['model']} | {row['prompts']}×{row['samples']}×{row['new_tokens']} | "
             f"{ours['tokens_per_s']} | {ours['compile_s']} | {best or '—'} | "
-            f"{_ratio(best, ours['tokens_per_s']) if best else '—'} |"
+            f"{_ratio(best, ours['tokens_per_s'])} | {tunix.get('tokens_per_s', '—')} | "
+            f"{tunix.get('first_call_s', '—')} | "
+            f"{_ratio(tunix.get('tokens_per_s'), ours['tokens_per_s'])} |"
         )
     return lines
 

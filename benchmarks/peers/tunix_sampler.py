@@ -42,7 +42,7 @@ import statistics
 import sys
 import time
 
-from benchmarks.peers.tunix_grpo import ByteTokenizer
+from benchmarks.peers.tunix_grpo import ByteTokenizer, _version
 from benchmarks.workloads import MODELS, PROMPT_LEN, VOCAB, Workload, emit, load_average
 
 NO_EOS = VOCAB  # one past the vocabulary: never sampled
@@ -170,12 +170,6 @@ def run(w: Workload, repeat: int) -> dict:
         "jax": jax.__version__,
         "tunix": _version("google-tunix"),
     }
-
-
-def _version(name: str) -> str:
-    from importlib.metadata import version
-
-    return version(name)
 
 
 if __name__ == "__main__":

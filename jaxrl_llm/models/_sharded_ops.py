@@ -11,7 +11,8 @@ the plain one):
   MLP, vocabulary over `tensor`) stay split. The cast comes first, so a bf16 model gathers bf16.
   In the backward pass the gather's transpose reduce-scatters the gradient back to the stored
   layout.
-- `dense`: a projection; one 2-D matmul without a mesh, a named `einsum` under one.
+- `dense`: a projection; one 2-D matmul without a mesh or on one device (`plain_layout`), a
+  named `einsum` under a mesh of several devices.
 - `einsum`, `take_rows`, `reshape`: the op with its result's logical names. Under Explicit axes
   the names become the op's `out_sharding` (needed where the result layout is ambiguous: a
   contraction over a `tensor`-split axis is all-reduced into it, an embedding gather from a
@@ -28,6 +29,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import PartitionSpec
 
 from sharding import shard
 from sharding.constraints import out_sharding
@@ -51,6 +53,36 @@ def own_names(param: nnx.Variable, ndim: int) -> tuple[str | None, ...] | None:
             f"parameter of rank {ndim} has only {len(names)} logical axis names {names}."
         )
     return names[len(names) - ndim :]
+
+
+def plain_layout() -> bool:
+    """True when the ops need no layouts: no context mesh, or a mesh of one device.
+
+    The model then builds the plain program (2-D matmuls, heads-first attention); named
+    layouts only matter when there is something to split. On one device the mesh forms are
+    slower on XLA:CPU (token-major einsums with transposing copies): the runner, which always
+    sets a mesh, would otherwise pay for them.
+    """
+    mesh = jax.sharding.get_abstract_mesh()
+    return mesh.empty or mesh.size == 1
+
+
+def unsharded(*xs: Array) -> tuple[Array, ...]:
+    """`xs` with their sharding types dropped, for a `plain_layout()` op on a one-device mesh.
+
+    Arrays typed on an Explicit mesh carry their logical layout even when every axis has one
+    device, and JAX refuses a plain reshape or contraction whose result layout it cannot infer.
+    On one device `reshard` to replicated is free; the op's result gets its names back through
+    `shard`. Without a mesh (or with Auto axes) the arrays are returned as they are.
+    """
+    if jax.sharding.get_abstract_mesh().empty:
+        return xs
+    return tuple(
+        jax.sharding.reshard(x, PartitionSpec())
+        if any(p is not None for p in jax.typeof(x).sharding.spec)
+        else x
+        for x in xs
+    )
 
 
 def _check_traced_under_mesh(value: Array) -> None:
@@ -170,10 +202,11 @@ def dense(x: Array, w: Array, *, contract: int, names: Names) -> Array:
             f"dense: the last {contract} axes of x {x.shape} must equal the first {contract} "
             f"axes of w {w.shape}."
         )
-    if jax.sharding.get_abstract_mesh().empty:
+    if plain_layout():
+        x, w = unsharded(x, w)
         rows, out = x.shape[:lead], w.shape[contract:]
         y = x.reshape(math.prod(rows), -1) @ w.reshape(math.prod(w.shape[:contract]), -1)
-        return y.reshape(*rows, *out)
+        return shard(y.reshape(*rows, *out), names)
     letters = "abcdefghijklmnopqrstuvwxyz"
     b, c = letters[:lead], letters[lead : lead + contract]
     o = letters[lead + contract : lead + w.ndim]

@@ -8,6 +8,7 @@ values can be checked cheaply.
 from __future__ import annotations
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -123,6 +124,31 @@ def test_decoder_on_a_one_device_mesh_equals_no_mesh(decoder_case, axis_types):
     np.testing.assert_allclose(decoded, want, atol=1e-5)
     if axis_types == "explicit":
         assert jax.typeof(logits).sharding.spec == PartitionSpec(ROWS, None, "tensor")
+
+
+def _dot_shapes(jaxpr: jax.extend.core.Jaxpr) -> list[tuple[tuple[int, ...], ...]]:
+    """The operand shapes of every `dot_general` in `jaxpr`, sub-jaxprs (scan, remat) included."""
+    shapes = [
+        tuple(tuple(v.aval.shape) for v in eqn.invars)
+        for eqn in jaxpr.eqns
+        if eqn.primitive.name == "dot_general"
+    ]
+    for sub in jax.extend.core.subjaxprs(jaxpr):
+        shapes += _dot_shapes(sub)
+    return shapes
+
+
+@pytest.mark.parametrize("axis_types", ["explicit", "auto"])
+def test_a_one_device_mesh_builds_the_plain_program(decoder_case, axis_types):
+    """On one device the model takes the no-mesh forms (`plain_layout`): the same matmuls,
+    2-D projections and heads-first attention, not the mesh's token-major einsums."""
+    _, state, forward_and_decode, _ = decoder_case
+    plain = _dot_shapes(jax.make_jaxpr(forward_and_decode)(state).jaxpr)
+    with jax.set_mesh(one_device_mesh(axis_types)):
+        meshed = _dot_shapes(jax.make_jaxpr(forward_and_decode)(state).jaxpr)
+    assert meshed == plain
+    D, H, Hd = CFG.hidden_size, CFG.num_heads, CFG.head_dim
+    assert ((10, D), (D, H * Hd)) in plain  # the query projection of 2 x 5 tokens, 2-D
 
 
 def test_explicit_sharded_weights_without_a_mesh_context_fail_clearly(decoder_case):

@@ -19,6 +19,8 @@ dimension, F MLP width, T key length):
 
 from __future__ import annotations
 
+import functools
+import math
 from typing import Any
 
 import jax
@@ -40,12 +42,25 @@ Array = jax.Array
 _INIT_STD = 0.02  # the families' `initializer_range`
 
 
+@functools.partial(jax.jit, static_argnums=1)
+def _scaled_normal(key: Array, size: int) -> Array:
+    """`_INIT_STD · normal(key, (size,))`, float32, as one compiled program per size.
+
+    `make_param` draws flat and reshapes: the same values as a draw of the shape (threefry
+    numbers the elements in row-major order), but XLA:CPU compiles the 1-D draw 2-4× faster
+    than a 3-D or 4-D one, and parameters of one size share the program. The barrier keeps XLA
+    from folding the scale into the draw: the values are bit-identical to the eager
+    `_INIT_STD * jax.random.normal(key, shape)`.
+    """
+    return _INIT_STD * jax.lax.optimization_barrier(jax.random.normal(key, (size,), jnp.float32))
+
+
 def make_param(
     key: Array, shape: tuple[int, ...], names: tuple[str | None, ...], param_dtype: Any, init: str
 ) -> nnx.Param:
     """An `nnx.Param` with logical axis names; `init` is "normal" (std 0.02), "zeros" or "ones"."""
     if init == "normal":
-        value = _INIT_STD * jax.random.normal(key, shape, jnp.float32)
+        value = _scaled_normal(key, math.prod(shape)).reshape(shape)
     elif init == "zeros":
         value = jnp.zeros(shape, jnp.float32)
     elif init == "ones":

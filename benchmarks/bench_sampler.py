@@ -220,9 +220,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", default=None, help="write the results as JSON here")
     parser.add_argument("--repeat", type=int, default=7)
-    parser.add_argument("--steps-per-loop", type=int, default=4)
+    parser.add_argument("--steps-per-loop", type=int, default=1)
     parser.add_argument(
-        "--decode-phases", type=int, default=1, help="SamplingConfig.decode_phases of ours"
+        "--decode-phases", type=int, default=2, help="SamplingConfig.decode_phases of ours"
     )
     parser.add_argument("--no-hf", action="store_true", help="skip the Hugging Face reference")
     parser.add_argument("--only", default=None, help="run only this model size (tiny / small)")

@@ -102,7 +102,7 @@ def generate(
     stop_tokens: Sequence[int] | None = None,
     prompt_mask: Any = None,
     pad_id: int | None = None,
-    steps_per_loop: int = 4,
+    steps_per_loop: int = 1,
     bucket_multiple: int | None = None,
 ) -> Rollout:
     """Sample `num_samples` completions of each prompt with the compiled sampler.

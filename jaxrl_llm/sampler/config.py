@@ -39,8 +39,10 @@ class SamplingConfig:
         broadcast to the G rows (rows are prompt-major: row `b·G + g`).
       stop_tokens: token ids that end a row (the stop token is part of the completion).
       pad_id: token id written after a row has stopped (never counted: its mask is 0).
-      steps_per_loop: decode steps per `while_loop` iteration (partial unroll; amortises the
-        loop overhead; the loop may run up to `steps_per_loop - 1` steps past the last row).
+      steps_per_loop: decode steps per `while_loop` iteration (partial unroll; the loop may
+        run up to `steps_per_loop - 1` steps past the last row). XLA:CPU's loop overhead is
+        small next to a decode step: 1 is as fast as 2, 4 or 8 and compiles the loop body
+        once (0.4-0.5 s less than 4 on the benchmark models).
       layer_unroll: decoder layers per iteration of the layer scan in prefill
         (`Decoder.decode_hidden(layer_unroll=...)`) and decode. A model with at most this
         many layers decodes them as a Python loop over per-layer weights sliced once before
@@ -50,9 +52,10 @@ class SamplingConfig:
       decode_phases: the decode loop runs as this many consecutive loops, phase `j` with a
         cache of `P + ends[j]` slots (the cache grows by empty slots between phases), so that
         attention reads the slots filled so far rather than all `P + T` in every step. Each
-        phase compiles its own loop body (compile time grows about linearly with it); 4
-        phases made the benchmark models 14–38% faster at 64 rows × 128 tokens
-        (docs/sampler.md). Tokens and log-probs do not depend on it.
+        phase compiles its own loop body (compile time grows about linearly with it). With
+        one step per loop, 2 phases (the default) cost ≈ 0.1 s of compile and made the
+        benchmark models 5-13% faster than 1; 4 phases +6-19% at ≈ +0.6 s (docs/sampler.md).
+        Tokens and log-probs do not depend on it.
       gather_weights: under a mesh with `fsdp > 1`, all-gather the FSDP-sharded weights once
         before decoding (each device then holds the weights split over `tensor` only, for the
         duration of the call) instead of in every decode step. False keeps them sharded and
@@ -81,9 +84,9 @@ class SamplingConfig:
     num_samples: int = 1
     stop_tokens: tuple[int, ...] = ()
     pad_id: int = 0
-    steps_per_loop: int = 4
+    steps_per_loop: int = 1
     layer_unroll: int = 8
-    decode_phases: int = 1
+    decode_phases: int = 2
     gather_weights: bool = True
     bucket_multiple: int | None = None
     min_bucket: int = 16

@@ -34,7 +34,14 @@ PROMPTS = [[1, 2, 3, 4, 5], [6], [7, 8, 9]]
 # 0 (rows stop early or run out of budget), a smaller budget for the first prompt.
 G, T = 3, 10
 BUDGETS = [4, T, T]
-STANDARD = dict(max_new_tokens=BUDGETS, num_samples=G, stop_tokens=[0], pad_id=11, temperature=0.7)
+STANDARD = dict(
+    max_new_tokens=BUDGETS,
+    num_samples=G,
+    stop_tokens=[0],
+    pad_id=11,
+    temperature=0.7,
+    steps_per_loop=4,
+)
 
 
 @functools.cache
@@ -49,7 +56,12 @@ def standard_rollout(seed: int = 1):
 
 def _standard_config() -> SamplingConfig:
     return SamplingConfig(
-        max_new_tokens=T, num_samples=G, stop_tokens=(0,), pad_id=11, temperature=0.7
+        max_new_tokens=T,
+        num_samples=G,
+        stop_tokens=(0,),
+        pad_id=11,
+        temperature=0.7,
+        steps_per_loop=4,
     )
 
 

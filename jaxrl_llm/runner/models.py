@@ -8,12 +8,15 @@
                                                ValueModel(init, rngs=Rngs(seed + 1))
 
 Everything is deterministic in the config, so a resumed run rebuilds exactly the same initial
-models (the reference policy is the initial policy, after the warm start).
+models (the reference policy is the initial policy, after the warm start). Random
+initialisations run as one compiled program (`compiled_init`), with the values of the eager
+construction.
 """
 
 from __future__ import annotations
 
 import pathlib
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -27,6 +30,31 @@ from jaxrl_llm.tokenizer import load_tokenizer
 from jaxrl_llm.train import ModelGraphs
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+def compiled_init(factory: Callable[[], nnx.Module]) -> nnx.Module:
+    """`factory()`, its variables computed by one compiled program instead of op by op.
+
+    Built eagerly, a module compiles every initialisation op on first use (about 25 small
+    programs for a decoder: ≈ 1.1 s on the small benchmark model against 0.8 s for one
+    program, on a 2-core CPU). The values are the same: the normal draws are bit-identical
+    under `jit` (`models.layers._scaled_normal`), zeros and ones are exact.
+
+    Examples:
+      >>> m = compiled_init(lambda: ValueHead(4, rngs=nnx.Rngs(0)))
+      >>> e = ValueHead(4, rngs=nnx.Rngs(0))
+      >>> bool(jnp.array_equal(nnx.state(m)["kernel"][...], nnx.state(e)["kernel"][...]))
+      True
+    """
+    graphdefs = []  # filled while tracing: the graph is static, only the state is computed
+
+    def init() -> nnx.State:
+        graphdef, state = nnx.split(factory())
+        graphdefs.append(graphdef)
+        return state
+
+    state = jax.jit(init)()
+    return nnx.merge(graphdefs[-1], state)
 
 
 def run_tokenizer(config: RunConfig) -> Any:
@@ -69,7 +97,7 @@ def build_policy(config: RunConfig) -> Decoder:
         except (ValueError, OSError) as err:
             raise ConfigError(f"model.checkpoint: {err}") from None
     else:
-        model = Decoder(section.init, **kwargs, rngs=nnx.Rngs(config.seed))
+        model = compiled_init(lambda: Decoder(section.init, **kwargs, rngs=nnx.Rngs(config.seed)))
     return model
 
 
@@ -88,13 +116,17 @@ def build_critic(config: RunConfig, policy: Decoder) -> nnx.Module | None:
     section = config.model
     param_dtype = DTYPES[section.param_dtype]
     if critic.kind == "head":
-        return ValueHead(
-            policy.config.hidden_size, param_dtype=param_dtype, rngs=nnx.Rngs(config.seed + 1)
+        return compiled_init(
+            lambda: ValueHead(
+                policy.config.hidden_size, param_dtype=param_dtype, rngs=nnx.Rngs(config.seed + 1)
+            )
         )
     kwargs = {"dtype": DTYPES[section.dtype], "param_dtype": param_dtype, "remat": section.remat}
     path = section.critic_checkpoint or section.checkpoint
     if path is None:
-        return ValueModel(section.init, **kwargs, rngs=nnx.Rngs(config.seed + 1))
+        return compiled_init(
+            lambda: ValueModel(section.init, **kwargs, rngs=nnx.Rngs(config.seed + 1))
+        )
     key = "model.critic_checkpoint" if section.critic_checkpoint else "model.checkpoint"
     try:
         return from_pretrained(path, **kwargs, head="value", seed=config.seed + 1)

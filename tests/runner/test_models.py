@@ -1,0 +1,36 @@
+"""The run's random initialisations: one compiled program, the values of the eager construction."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxrl_llm.models import Decoder, ModelConfig, ValueModel
+from jaxrl_llm.runner.models import compiled_init
+
+CFG = ModelConfig(
+    family="qwen3",
+    vocab_size=19,
+    hidden_size=16,
+    intermediate_size=24,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    tie_embeddings=False,
+)
+
+
+@pytest.mark.parametrize("cls", [Decoder, ValueModel])
+def test_compiled_init_equals_the_eager_construction(cls):
+    compiled = nnx.state(compiled_init(lambda: cls(CFG, rngs=nnx.Rngs(3))))
+    eager = nnx.state(cls(CFG, rngs=nnx.Rngs(3)))
+    assert jax.tree.structure(compiled) == jax.tree.structure(eager)
+    for a, b in zip(jax.tree.leaves(compiled), jax.tree.leaves(eager), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # bit for bit
+    other = nnx.state(compiled_init(lambda: cls(CFG, rngs=nnx.Rngs(4))))
+    assert not np.array_equal(
+        np.asarray(jax.tree.leaves(other)[0]), np.asarray(jax.tree.leaves(eager)[0])
+    )

@@ -58,6 +58,7 @@ from jaxrl_llm.runner.models import (
     build_critic,
     build_policy,
     check_vocabulary,
+    compiled_init,
     export_policy,
     run_tokenizer,
 )
@@ -117,6 +118,7 @@ __all__ = [
     "chunk_indices",
     "collect",
     "combine_rewards",
+    "compiled_init",
     "compiled_steps",
     "component_rewards",
     "config_hash",

@@ -152,8 +152,14 @@ def run_ours(plan: Plan) -> None:
 
 def _peer_installed(python: str, peer: str) -> str | None:
     """None when `peer` imports in `python`, else the reason."""
+    return peer_module_missing(python, f"{peer}_grpo")
+
+
+def peer_module_missing(python: str, module: str) -> str | None:
+    """None when `benchmarks.peers.<module>.check_installed()` passes in `python`, else why not
+    (the last line of its error)."""
     probe = subprocess.run(
-        [python, "-c", f"import benchmarks.peers.{peer}_grpo as m; m.check_installed()"],
+        [python, "-c", f"import benchmarks.peers.{module} as m; m.check_installed()"],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -39,7 +39,6 @@ import os
 import pathlib
 import platform
 import statistics
-import subprocess
 import tempfile
 import time
 from typing import Any
@@ -48,7 +47,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from benchmarks.bench_grpo import ROOT, _peers_python, _subprocess
+from benchmarks.bench_grpo import _peers_python, _subprocess, peer_module_missing
 from jaxrl_llm.models import from_pretrained
 from jaxrl_llm.sampler import SamplingConfig, jit_sample_tokens, left_pad
 
@@ -198,16 +197,8 @@ def tunix_missing(python: str | None) -> str | None:
     """None when Tunix's sampler imports in `python`, else why it cannot run."""
     if python is None:
         return "no --peers-python, $PEERS_PYTHON or /tmp/peers-venv"
-    probe = subprocess.run(
-        [python, "-c", "import benchmarks.peers.tunix_sampler as m; m.check_installed()"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env=dict(os.environ, PYTHONPATH=str(ROOT)),
-    )
-    if probe.returncode == 0:
-        return None
-    return f"it does not import in {python}: {(probe.stderr.strip().splitlines() or ['?'])[-1]}"
+    reason = peer_module_missing(python, "tunix_sampler")
+    return None if reason is None else f"it does not import in {python}: {reason}"
 
 
 def bench_tunix(python: str, size: str, B: int, G: int, T: int, repeat: int) -> dict:

@@ -74,10 +74,14 @@ class ByteTokenizer:
 
 
 def _model(w: Workload, seed: int):
+    return tunix_qwen3(w.shape, seed)
+
+
+def tunix_qwen3(s, seed: int):
+    """Tunix's own Qwen3 with the shape `s` (a `workloads.ModelShape`), initialised by Tunix."""
     from flax import nnx
     from tunix.models.qwen3 import model as qwen3
 
-    s = w.shape
     config = qwen3.ModelConfig(
         num_layers=s.num_layers,
         vocab_size=s.vocab_size,

@@ -42,7 +42,7 @@ import statistics
 import sys
 import time
 
-from benchmarks.peers.tunix_grpo import ByteTokenizer, _version
+from benchmarks.peers.tunix_grpo import ByteTokenizer, _version, tunix_qwen3
 from benchmarks.workloads import MODELS, PROMPT_LEN, VOCAB, Workload, emit, load_average
 
 NO_EOS = VOCAB  # one past the vocabulary: never sampled
@@ -69,22 +69,8 @@ def qwen3_model(size: str, seed: int = 0):
     """Tunix's Qwen3 with `benchmarks.bench_sampler`'s shape of `size` and N(0, 0.1²) weights."""
     import jax
     from flax import nnx
-    from tunix.models.qwen3 import model as qwen3
 
-    s = dataclasses.replace(MODELS[size], tie_embeddings=False)
-    config = qwen3.ModelConfig(
-        num_layers=s.num_layers,
-        vocab_size=s.vocab_size,
-        embed_dim=s.hidden_size,
-        hidden_dim=s.intermediate_size,
-        num_heads=s.num_heads,
-        head_dim=s.head_dim,
-        num_kv_heads=s.num_kv_heads,
-        rope_theta=1_000_000,
-        norm_eps=1e-6,
-        use_tied_embedding=s.tie_embeddings,
-    )
-    model = qwen3.Qwen3(config, rngs=nnx.Rngs(seed))
+    model = tunix_qwen3(dataclasses.replace(MODELS[size], tie_embeddings=False), seed)
     params = nnx.state(model, nnx.Param)
     leaves, treedef = jax.tree.flatten(params)
     keys = jax.random.split(jax.random.key(seed), len(leaves))

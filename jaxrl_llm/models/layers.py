@@ -189,9 +189,9 @@ def attend(
     """
     N, S, H, Hd = q.shape
     K = k.shape[2]
-    no_mesh = plain_layout()
+    plain = plain_layout()
     G, T = H // K, k.shape[1]
-    if no_mesh:
+    if plain:
         q, k, v, mask = unsharded(q, k, v, mask)
         qg = jnp.transpose(q.reshape(N, S, K, G, Hd), (0, 2, 3, 1, 4)).reshape(N, K, G * S, Hd)
         k, v = jnp.transpose(k, (0, 2, 1, 3)), jnp.transpose(v, (0, 2, 1, 3))  # [N, K, T, Hd]
@@ -205,7 +205,7 @@ def attend(
         logits = softcap * jnp.tanh(logits / softcap)
     logits = jnp.where(mask[:, None, None], logits, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
-    if no_mesh:
+    if plain:
         out = jnp.einsum("nkqt,nkth->nkqh", probs.reshape(N, K, G * S, T), v)
         out = jnp.transpose(out.reshape(N, K, G, S, Hd), (0, 3, 1, 2, 4)).reshape(N, S, H, Hd)
         return shard(out, ("batch", "length", "heads", "head_dim"))

@@ -29,6 +29,10 @@ Parts (`--only`):
   update's memory from XLA's analysis (arguments + outputs + temporaries), and the process's
   peak RSS (which includes the compiler's own memory).
 
+Our workers run with glibc's huge-page tunable, as `jaxrl-llm` runs itself
+(jaxrl_llm.hugepages); Tunix runs both as installed and with the same tunable
+(`peer_tunix_hugepages__*`), and the report compares with the faster of the two.
+
 The 1-minute load average is recorded with every result: the machine may be shared, so compare
 ratios taken in one run.
 """
@@ -48,6 +52,7 @@ import time
 from collections.abc import Callable
 
 from benchmarks.workloads import WORKLOADS, Workload, iteration_flops, machine
+from jaxrl_llm.hugepages import environment_with_hugepages, glibc_version, thp_mode
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -91,6 +96,31 @@ def _last_result(stdout: str) -> dict | None:
     return json.loads(lines[-1][len("RESULT ") :]) if lines else None
 
 
+def _tunables_without_hugepages() -> str:
+    """This process's `GLIBC_TUNABLES` less any `glibc.malloc.hugetlb` setting."""
+    tunables = os.environ.get("GLIBC_TUNABLES", "").split(":")
+    return ":".join(t for t in tunables if t and not t.startswith("glibc.malloc.hugetlb"))
+
+
+def hugepage_env() -> dict | None:
+    """The environment change `jaxrl-llm` makes for itself (glibc's huge-page tunable,
+    jaxrl_llm.hugepages), so that our workers run as the command line runs; None where it
+    does not apply (no THP in madvise mode, old glibc, `JAXRL_LLM_HUGEPAGES=0`)."""
+    base = dict(os.environ, GLIBC_TUNABLES=_tunables_without_hugepages())
+    env = environment_with_hugepages(base, thp_mode(), glibc_version())
+    return None if env is None else {"GLIBC_TUNABLES": env["GLIBC_TUNABLES"]}
+
+
+def peer_env_variants() -> dict[str, dict | None]:
+    """The JAX peer run as installed (suffix "") and, where it applies, with the same
+    huge-page tunable as ours (suffix "_hugepages"): the report takes the faster of the two,
+    so our ratios never count the tunable as our own gain."""
+    tuned = hugepage_env()
+    if tuned is None:
+        return {"": None}
+    return {"": {"GLIBC_TUNABLES": _tunables_without_hugepages()}, "_hugepages": tuned}
+
+
 def _subprocess(command: list[str], env: dict | None = None, timeout: int = 1800) -> dict:
     """Run one measurement; its `RESULT` line, or an error record with the output's tail."""
     full_env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", **(env or {}))
@@ -124,7 +154,7 @@ def _measure(plan: Plan, name: str, make: Callable[[], dict]) -> dict | None:
 
 def _ours(w: Workload, mode: str, steps: int, chunk: int, cache: str) -> dict:
     args = ["ours", json.dumps(dataclasses.asdict(w)), mode, str(steps), str(chunk), cache]
-    return _subprocess([sys.executable, "-m", "benchmarks.grpo_worker", *args])
+    return _subprocess([sys.executable, "-m", "benchmarks.grpo_worker", *args], hugepage_env())
 
 
 def run_ours(plan: Plan) -> None:
@@ -194,7 +224,7 @@ def run_peers(plan: Plan) -> None:
         if missing is not None:
             print(f"peers: {peer} skipped, it does not import in {python}: {missing}", flush=True)
             continue
-        variants = {"": None}
+        variants = peer_env_variants()
         if peer == "trl":  # torch on all cores, and on one thread
             variants = {"": None, "_1thread": {"OMP_NUM_THREADS": "1"}}
         for w in plan.workloads:
@@ -210,7 +240,9 @@ def run_matmul(plan: Plan) -> None:
     _measure(
         plan,
         "matmul__jax",
-        lambda: _subprocess([sys.executable, "-m", "benchmarks.grpo_worker", "matmul"]),
+        lambda: _subprocess(
+            [sys.executable, "-m", "benchmarks.grpo_worker", "matmul"], hugepage_env()
+        ),
     )
     if plan.peers_python and _peer_installed(plan.peers_python, "trl") is None:
         _measure(

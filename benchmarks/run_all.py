@@ -23,6 +23,7 @@ on a GPU machine and writes into `RESULTS/gpu/`, which the report picks up.
 from __future__ import annotations
 
 import argparse
+import os
 import pathlib
 import subprocess
 import sys
@@ -33,9 +34,9 @@ from benchmarks import bench_grpo, report
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def _run(command: list[str]) -> int:
+def _run(command: list[str], env: dict | None = None) -> int:
     print("$ " + " ".join(command), flush=True)
-    return subprocess.run(command, cwd=ROOT).returncode
+    return subprocess.run(command, cwd=ROOT, env=dict(os.environ, **(env or {}))).returncode
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         sampler = [py, "-m", "benchmarks.bench_sampler", "--out", str(results / "sampler_cpu.json")]
         if args.quick:
             sampler += ["--only", "tiny", "--repeat", "3"]
-        if _run(sampler):
+        if _run(sampler, bench_grpo.hugepage_env()):  # as `jaxrl-llm` runs itself
             failures.append("sampler")
     if "grpo" not in args.skip:
         args.out = str(results / "grpo") if args.out is None else args.out

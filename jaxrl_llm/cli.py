@@ -22,6 +22,10 @@ from typing import Any
 
 from jaxrl_llm.config import ConfigError
 
+# Commands that run XLA programs long enough to gain from huge pages: run as a program (argv
+# None), they re-execute once with glibc's huge-page tunable (jaxrl_llm.hugepages).
+HUGEPAGE_COMMANDS = ("train", "eval", "demo", "sample")
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
@@ -52,6 +56,13 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = [*args.overrides, *extra]
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if argv is None and args.command in HUGEPAGE_COMMANDS:
+        from jaxrl_llm.hugepages import reexec_with_hugepages
+
+        try:
+            reexec_with_hugepages()
+        except ValueError as e:
+            parser.error(str(e))
 
     if args.command == "convert":
         return _convert(args)

@@ -7,6 +7,7 @@ written with NumPy from that formula.
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 import types
@@ -23,6 +24,14 @@ from tests.checkpoint.helpers import assert_bitwise_equal, leaf_bytes
 # after a read of damaged files fails, orbax's background threads may report a closed asyncio
 # loop or an unclosed TensorStore handle at garbage collection: noise, not a test outcome
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+
+
+@pytest.fixture(autouse=True)
+def _collect_orbax_garbage():
+    """Collect that garbage here, under this module's filter, instead of in whichever test the
+    worker runs next (where it surfaced as PytestUnraisableExceptionWarnings)."""
+    yield
+    gc.collect()
 
 
 def _state(offset: float = 0.0):

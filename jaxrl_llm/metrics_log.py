@@ -291,7 +291,7 @@ class MetricsLogger:
         self._active = is_main_process()
         self._last_step: int | None = resume_step
         self._shown: dict[str, int | float] = {}
-        self._printed = False
+        self._printed_step: int | None = None  # the step of the last plain line
         self._start = time.time()
         self._file: io.TextIOBase | None = None
         self._writer: Any = None
@@ -465,20 +465,34 @@ class MetricsLogger:
             return
         self._shown.update({k: values[k] for k in self.progress_keys if k in values})
         shown = [f"{k} {_format(self._shown[k])}" for k in self.progress_keys if k in self._shown]
-        if self._live is not None:
-            from rich.console import Group
-            from rich.text import Text
-
-            self._progress.update(self._task, completed=step)
-            self._live.update(Group(self._progress, Text("  ".join(shown))), refresh=True)
-        if not self._printed or step % self.print_every == 0 or step == self.total_steps:
-            self._printed = True
-            total = f"/{self.total_steps}" if self.total_steps else ""
-            line = " | ".join([f"step {step}{total}", *shown])
+        if step == self._printed_step:  # a second record of a printed step (e.g. eval after
+            # train): its plain line shows only what this record brings, not the whole set again
+            new = [f"{k} {_format(values[k])}" for k in self.progress_keys if k in values]
+            if new:
+                self._print_line(step, new)
             if self._live is not None:
-                self._live.console.print(line, markup=False, highlight=False, soft_wrap=True)
-            else:
-                print(line, file=self._stream, flush=True)
+                self._live.update(self._live_group(shown), refresh=True)
+            return
+        if self._live is not None:
+            self._progress.update(self._task, completed=step)
+            self._live.update(self._live_group(shown), refresh=True)
+        if self._printed_step is None or step % self.print_every == 0 or step == self.total_steps:
+            self._printed_step = step
+            self._print_line(step, shown)
+
+    def _live_group(self, shown: list[str]) -> Any:
+        from rich.console import Group
+        from rich.text import Text
+
+        return Group(self._progress, Text("  ".join(shown)))
+
+    def _print_line(self, step: int, shown: list[str]) -> None:
+        total = f"/{self.total_steps}" if self.total_steps else ""
+        line = " | ".join([f"step {step}{total}", *shown])
+        if self._live is not None:
+            self._live.console.print(line, markup=False, highlight=False, soft_wrap=True)
+        else:
+            print(line, file=self._stream, flush=True)
 
     def close(self) -> None:
         """Stop the progress bar and close the files (idempotent; also done by `with`).

@@ -145,6 +145,28 @@ def test_plain_progress_lines_when_not_a_terminal(tmp_path):
     assert "\x1b[" not in out.getvalue()  # no terminal control codes in CI logs
 
 
+def test_a_second_record_of_a_printed_step_prints_only_its_own_keys(tmp_path):
+    """Train then eval metrics at one step: one full line, then one line with what eval adds
+    (not the whole set again with a stale value in the first)."""
+    out = io.StringIO()
+    keys = ("reward/mean", "eval/accuracy")
+    with MetricsLogger(
+        tmp_path, total_steps=4, tensorboard=False, print_every=2, progress_keys=keys, stream=out
+    ) as log:
+        for step in range(1, 5):
+            log.log(step, {"reward/mean": step / 4})
+            if step % 2 == 0:
+                log.log(step, {"eval/accuracy": step / 10})
+            log.log(step, {"other": 1.0})  # no progress key: no line
+    assert out.getvalue().splitlines() == [
+        "step 1/4 | reward/mean 0.25",
+        "step 2/4 | reward/mean 0.5",
+        "step 2/4 | eval/accuracy 0.2",
+        "step 4/4 | reward/mean 1 | eval/accuracy 0.2",
+        "step 4/4 | eval/accuracy 0.4",
+    ]
+
+
 def test_live_progress_bar_on_a_terminal(tmp_path):
     out = _Terminal()
     with MetricsLogger(

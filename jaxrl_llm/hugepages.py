@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from collections.abc import Mapping, Sequence
 
 TUNABLE = "glibc.malloc.hugetlb=1"
@@ -91,6 +92,16 @@ def reexec_with_hugepages(argv: Sequence[str] | None = None) -> None:
     if env is None:
         return
     command = list(argv) if argv is not None else [sys.executable, *sys.orig_argv[1:]]
+    if not command or not command[0]:  # an embedded interpreter without an executable
+        return
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(command[0], command, env)
+    try:
+        os.execve(command[0], command, env)
+    except OSError as err:  # the run goes on, only without huge pages
+        warnings.warn(
+            f"jaxrl_llm: could not restart with {TUNABLE} ({err}); running without it "
+            f"(set {OPT_OUT}=0 to skip the attempt).",
+            RuntimeWarning,
+            stacklevel=2,
+        )

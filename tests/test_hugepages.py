@@ -125,3 +125,17 @@ def test_the_cli_names_a_bad_opt_out_value(monkeypatch, capsys):
         cli.main()
     assert exit_info.value.code == 2
     assert "JAXRL_LLM_HUGEPAGES='maybe'" in capsys.readouterr().err
+
+
+def test_a_failed_exec_warns_and_returns(monkeypatch):
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    monkeypatch.delenv("JAXRL_LLM_HUGEPAGES", raising=False)
+    monkeypatch.setattr(hugepages, "thp_mode", lambda: "madvise")
+    monkeypatch.setattr(hugepages, "glibc_version", lambda: (2, 36))
+
+    def refuse(*args):
+        raise PermissionError("not allowed")
+
+    monkeypatch.setattr(os, "execve", refuse)
+    with pytest.warns(RuntimeWarning, match="could not restart with glibc.malloc.hugetlb=1"):
+        hugepages.reexec_with_hugepages(["/bin/true"])

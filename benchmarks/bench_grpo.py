@@ -52,7 +52,12 @@ import time
 from collections.abc import Callable
 
 from benchmarks.workloads import WORKLOADS, Workload, iteration_flops, machine
-from jaxrl_llm.hugepages import environment_with_hugepages, glibc_version, thp_mode
+from jaxrl_llm.hugepages import (
+    environment_with_hugepages,
+    glibc_version,
+    thp_mode,
+    tunables_without_hugepages,
+)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -98,8 +103,7 @@ def _last_result(stdout: str) -> dict | None:
 
 def _tunables_without_hugepages() -> str:
     """This process's `GLIBC_TUNABLES` less any `glibc.malloc.hugetlb` setting."""
-    tunables = os.environ.get("GLIBC_TUNABLES", "").split(":")
-    return ":".join(t for t in tunables if t and not t.startswith("glibc.malloc.hugetlb"))
+    return tunables_without_hugepages(os.environ.get("GLIBC_TUNABLES", ""))
 
 
 def hugepage_env() -> dict | None:

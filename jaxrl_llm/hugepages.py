@@ -24,7 +24,8 @@ import sys
 import warnings
 from collections.abc import Mapping, Sequence
 
-TUNABLE = "glibc.malloc.hugetlb=1"
+TUNABLE_NAME = "glibc.malloc.hugetlb"
+TUNABLE = f"{TUNABLE_NAME}=1"
 OPT_OUT = "JAXRL_LLM_HUGEPAGES"
 THP_ENABLED = "/sys/kernel/mm/transparent_hugepage/enabled"
 MIN_GLIBC = (2, 35)
@@ -78,9 +79,20 @@ def environment_with_hugepages(
     if _opted_out(environ) or thp != "madvise" or glibc is None or glibc < MIN_GLIBC:
         return None
     current = environ.get("GLIBC_TUNABLES", "")
-    if "glibc.malloc.hugetlb" in current:
+    if TUNABLE_NAME in current:
         return None
     return {**environ, "GLIBC_TUNABLES": f"{current}:{TUNABLE}" if current else TUNABLE}
+
+
+def tunables_without_hugepages(tunables: str) -> str:
+    """A `GLIBC_TUNABLES` value less any `glibc.malloc.hugetlb` setting (the benchmarks run
+    peers without it and ours with it, starting from whatever the caller had).
+
+    Examples:
+      >>> tunables_without_hugepages("glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1")
+      'glibc.malloc.arena_max=2'
+    """
+    return ":".join(t for t in tunables.split(":") if t and not t.startswith(TUNABLE_NAME))
 
 
 def reexec_with_hugepages(argv: Sequence[str] | None = None) -> None:

@@ -12,6 +12,9 @@ tokens:
 
 Each case is compiled once (`lower` + `compile`, the reported compile time), run once to warm
 up, then timed as the median of `--repeat` runs with fresh keys (blocking on the result).
+Ours runs as `generate` runs it: the prompts split into `SamplingConfig.row_groups` groups (auto:
+2 on a 2-core CPU), each group's call from its own host thread (`jaxrl_llm.sampler.row_groups`);
+the compile time is that of the group-shaped program (`--row-groups 1`: one call).
 Generated tokens/s = rows × T / median. The group cases sample G completions of each of B
 prompts (prompt prefilled once, KV cache broadcast to the G rows). The weights are redrawn
 between repeats of one case and the number of compiled programs is recorded: it must stay 1.
@@ -57,6 +60,7 @@ from benchmarks.bench_grpo import (
 )
 from jaxrl_llm.models import from_pretrained
 from jaxrl_llm.sampler import SamplingConfig, jit_sample_tokens, left_pad
+from jaxrl_llm.sampler.row_groups import call_in_row_groups, resolve_row_groups, split_row_keys
 
 SIZES = {
     "tiny": dict(
@@ -114,7 +118,14 @@ def prompts(B: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
 
 
 def bench_ours(
-    model: Any, B: int, G: int, T: int, repeat: int, steps_per_loop: int, decode_phases: int = 1
+    model: Any,
+    B: int,
+    G: int,
+    T: int,
+    repeat: int,
+    steps_per_loop: int,
+    decode_phases: int = 1,
+    row_groups: int | None = None,
 ) -> dict:
     graphdef, state = nnx.split(model)
     config = SamplingConfig(
@@ -123,24 +134,45 @@ def bench_ours(
         stop_tokens=(),
         steps_per_loop=steps_per_loop,
         decode_phases=decode_phases,
+        row_groups=row_groups,
     )
     tokens, mask = prompts(B)
+    groups = resolve_row_groups(config.row_groups, B)
+    b = B // groups
+
+    def sample(state: Any, key: jax.Array) -> Any:  # as `generate` runs it
+        keys = split_row_keys(key, B * G, groups)
+        return call_in_row_groups(
+            lambda j: jit_sample_tokens(
+                graphdef,
+                state,
+                tokens[j * b : (j + 1) * b],
+                mask[j * b : (j + 1) * b],
+                keys[j],
+                config=config,
+            ),
+            groups,
+        )
+
     before = jit_sample_tokens._cache_size()
     start = time.perf_counter()
     jit_sample_tokens.lower(
-        graphdef, state, tokens, mask, jax.random.key(0), config=config
+        graphdef,
+        state,
+        tokens[:b],
+        mask[:b],
+        jax.random.split(jax.random.key(0), b * G),
+        config=config,
     ).compile()
     compile_s = time.perf_counter() - start
-    jax.block_until_ready(
-        jit_sample_tokens(graphdef, state, tokens, mask, jax.random.key(0), config=config)
-    )
+    jax.block_until_ready(sample(state, jax.random.key(0)))
     times, loads = [], []
     for i in range(repeat):
         scale = 1.0 + 1e-3 * (i % 2)
         state = jax.tree.map(lambda x, scale=scale: x * scale, state)  # "new weights"
         loads.append(load_average())
         start = time.perf_counter()
-        out = jit_sample_tokens(graphdef, state, tokens, mask, jax.random.key(i + 1), config=config)
+        out = sample(state, jax.random.key(i + 1))
         jax.block_until_ready(out)
         times.append(time.perf_counter() - start)
     assert int(np.asarray(out.lengths).min()) == T  # no early stop: every row made T tokens
@@ -150,6 +182,7 @@ def bench_ours(
         "median_s": round(median, 5),
         "min_s": round(min(times), 5),
         "tokens_per_s": round(B * G * T / median),
+        "row_groups": groups,
         "programs_compiled": jit_sample_tokens._cache_size() - before,
         "load_avg_1min": round(statistics.median(loads), 2),
     }
@@ -233,6 +266,9 @@ def main() -> None:
     parser.add_argument(
         "--decode-phases", type=int, default=2, help="SamplingConfig.decode_phases of ours"
     )
+    parser.add_argument(
+        "--row-groups", type=int, default=None, help="SamplingConfig.row_groups (default: auto)"
+    )
     parser.add_argument("--no-hf", action="store_true", help="skip the Hugging Face reference")
     parser.add_argument("--only", default=None, help="run only this model size (tiny / small)")
     parser.add_argument("--peers-python", default=None, help="python of the peers' venv (Tunix)")
@@ -257,7 +293,14 @@ def main() -> None:
                     continue
                 row = {"model": size, "prompts": B, "samples": G, "rows": B * G, "new_tokens": T}
                 row["jaxrl_llm"] = bench_ours(
-                    ours, B, G, T, args.repeat, args.steps_per_loop, args.decode_phases
+                    ours,
+                    B,
+                    G,
+                    T,
+                    args.repeat,
+                    args.steps_per_loop,
+                    args.decode_phases,
+                    args.row_groups,
                 )
                 if not args.no_hf:
                     ours_tps = row["jaxrl_llm"]["tokens_per_s"]

@@ -76,7 +76,7 @@ from jaxrl_llm.runner.programs import (
     update_program,
     value_program,
 )
-from jaxrl_llm.runner.rollout import Collected, collect, in_graph_stop_ids
+from jaxrl_llm.runner.rollout import Collected, collect, in_graph_stop_ids, run_rollout
 from jaxrl_llm.runner.scoring import (
     Scores,
     combine_rewards,
@@ -150,6 +150,7 @@ __all__ = [
     "reward_metrics",
     "rollout_metrics",
     "rollout_program",
+    "run_rollout",
     "run_tokenizer",
     "run_training",
     "sft_batch",

@@ -10,6 +10,7 @@ model is built or any program compiled:
     grouped estimators / drop_zero_variance / decoupled rewards  need sampling.num_samples >= 2
     algorithm.temperature == sampling.temperature (the log-probs score the sampler's policy)
     N = prompts_per_step · G  divisible by  minibatches · accumulation_steps  and  data · fsdp
+    sampling.row_groups  divides prompts_per_step
     rewards.jax_native  only on the built-in tasks
     rewards.combine: decoupled  only with the group estimator and no KL in the reward
     rewards.on_failure: drop_group  not with advantage.scale: batch (filler rewards would enter
@@ -505,6 +506,12 @@ def check_devices(cfg: RunConfig, device_count: int) -> tuple[int, int, int]:
 
 
 def _validate_sampling_and_eval(cfg: RunConfig) -> None:
+    groups, B = cfg.sampling.row_groups, cfg.train.prompts_per_step
+    if groups is not None and B % groups:
+        raise ConfigError(
+            f"sampling.row_groups: {groups} groups must divide train.prompts_per_step ({B}), the "
+            "prompts of each sampling call; use a divisor of it or null (automatic)."
+        )
     bad_k = [k for k in cfg.train.eval_pass_k if k > cfg.eval_samples]
     if bad_k:
         raise ConfigError(

@@ -27,10 +27,9 @@ import numpy as np
 from jaxrl_llm.data import eval_batches
 from jaxrl_llm.runner.context import RunContext
 from jaxrl_llm.runner.programs import rollout_program
-from jaxrl_llm.runner.rollout import in_graph_stop_ids
+from jaxrl_llm.runner.rollout import in_graph_stop_ids, run_rollout
 from jaxrl_llm.runner.scoring import component_rewards
 from jaxrl_llm.runner.task import prompt_batch
-from jaxrl_llm.train.shardings import batch_sharding
 
 
 def pass_at_k(num_samples: int, num_correct: np.ndarray, k: int) -> np.ndarray:
@@ -125,18 +124,13 @@ def evaluate_policy(
         dataclasses.replace(ctx.sampling, temperature=1.0, num_samples=n),
         in_graph_stop_ids(ctx.config, ctx.tokenizer),
     )
-    sharding = batch_sharding(ctx.mesh)
     greedy_hits, sampled_hits = [], []
     for i, (indices, valid) in enumerate(eval_batches(len(examples), B)):
         batch = prompt_batch(ctx.task, [examples[j] for j in indices], config, ctx.tokenizer)
-        arrays = jax.device_put(
-            (batch.prompt_tokens, batch.prompt_mask, batch.answer_tokens, batch.answer_lengths),
-            sharding,
-        )
+        arrays = (batch.prompt_tokens, batch.prompt_mask, batch.answer_tokens, batch.answer_lengths)
         batch_key = jax.random.fold_in(key, i)
-        with jax.set_mesh(ctx.mesh):
-            g_rollout, g_reward = greedy(params, frozen, *arrays, batch_key)
-            s_rollout, s_reward = sampled(params, frozen, *arrays, batch_key)
+        g_rollout, g_reward = run_rollout(ctx, greedy, params, frozen, arrays, batch_key, 1)
+        s_rollout, s_reward = run_rollout(ctx, sampled, params, frozen, arrays, batch_key, n)
         greedy_hits.append(_correct(ctx, batch, g_rollout, g_reward, 1)[valid])
         sampled_hits.append(_correct(ctx, batch, s_rollout, s_reward, n).reshape(B, n)[valid])
     greedy_ok = np.concatenate(greedy_hits)

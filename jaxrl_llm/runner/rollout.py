@@ -38,6 +38,7 @@ from jaxrl_llm.runner.scoring import (
     reward_metrics,
 )
 from jaxrl_llm.runner.task import prompt_batch
+from jaxrl_llm.sampler.row_groups import call_in_row_groups, resolve_row_groups, split_row_keys
 from jaxrl_llm.train import SequenceBatch
 from jaxrl_llm.train.shardings import batch_sharding
 
@@ -83,6 +84,48 @@ def in_graph_stop_ids(config: Any, tokenizer: Any) -> tuple[int, ...] | None:
     return (tokenizer.eos_id,)
 
 
+def run_rollout(
+    ctx: RunContext,
+    run: Any,
+    params: Any,
+    frozen: Any,
+    prompt_arrays: tuple[np.ndarray, ...],
+    key: jax.Array,
+    num_samples: int,
+) -> Any:
+    """`run` (a `rollout_program`) over the `B` prompts of `prompt_arrays` (host arrays, one
+    row per prompt), in `ctx.sampling.row_groups` groups side by side where they apply
+    (`jaxrl_llm.sampler.row_groups`; the same rollout and rewards as one call).
+
+    Examples:
+      >>> from types import SimpleNamespace
+      >>> from jaxrl_llm.sampler import SamplingConfig
+      >>> mesh = jax.make_mesh((1, 1, 1), ("data", "fsdp", "tensor"))
+      >>> ctx = SimpleNamespace(sampling=SamplingConfig(row_groups=2), mesh=mesh)
+      >>> echo = lambda params, frozen, rows, key: (rows * params, jax.random.key_data(key))
+      >>> out, keys = run_rollout(ctx, echo, 10, None, (np.arange(4),), jax.random.key(0), 1)
+      >>> out.tolist()  # two groups of 2 prompts
+      [0, 10, 20, 30]
+      >>> bool((keys == jax.random.key_data(jax.random.split(jax.random.key(0), 4))).all())
+      True
+    """
+    B = len(prompt_arrays[0])
+    groups = resolve_row_groups(ctx.sampling.row_groups, B, devices=ctx.mesh.size)
+    sharding = batch_sharding(ctx.mesh)
+    if groups == 1:
+        arrays = jax.device_put(prompt_arrays, sharding)
+        with jax.set_mesh(ctx.mesh):
+            return run(params, frozen, *arrays, key)
+    keys, b = split_row_keys(key, B * num_samples, groups), B // groups
+
+    def call(j: int) -> Any:
+        arrays = jax.device_put(tuple(a[j * b : (j + 1) * b] for a in prompt_arrays), sharding)
+        return run(params, frozen, *arrays, keys[j])
+
+    with jax.set_mesh(ctx.mesh):
+        return call_in_row_groups(call, groups)
+
+
 def _sample_part(
     ctx: RunContext, state: Any, data: IteratorState, key: jax.Array
 ) -> tuple[dict[str, Any], IteratorState]:
@@ -94,16 +137,18 @@ def _sample_part(
     )
     batch = prompt_batch(task, [task.train[i] for i in indices], config, ctx.tokenizer)
     started = time.perf_counter()
-    sharding = batch_sharding(ctx.mesh)
-    arrays = jax.device_put(
-        (batch.prompt_tokens, batch.prompt_mask, batch.answer_tokens, batch.answer_lengths),
-        sharding,
-    )
     run = rollout_program(
         ctx.graphs.policy, ctx.sampling, in_graph_stop_ids(ctx.config, ctx.tokenizer)
     )
-    with jax.set_mesh(ctx.mesh):
-        rollout, correct = run(state.params["policy"], state.frozen["policy"], *arrays, key)
+    rollout, correct = run_rollout(
+        ctx,
+        run,
+        state.params["policy"],
+        state.frozen["policy"],
+        (batch.prompt_tokens, batch.prompt_mask, batch.answer_tokens, batch.answer_lengths),
+        key,
+        G,
+    )
     completion_tokens, completion_mask, lengths, truncated, in_graph = jax.device_get(
         (
             rollout.completion_tokens,

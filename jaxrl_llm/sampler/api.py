@@ -20,6 +20,12 @@ from jaxrl_llm.sampler.buckets import bucket_length, left_pad
 from jaxrl_llm.sampler.config import SamplingConfig
 from jaxrl_llm.sampler.core import sample_tokens
 from jaxrl_llm.sampler.rollout import Rollout
+from jaxrl_llm.sampler.row_groups import (
+    call_in_row_groups,
+    devices_of,
+    resolve_row_groups,
+    split_row_keys,
+)
 
 jit_sample_tokens = jax.jit(sample_tokens, static_argnames=("graphdef", "config"))
 """`sample_tokens` under `jax.jit` with `graphdef` and `config` static (shared compile cache)."""
@@ -104,6 +110,7 @@ def generate(
     pad_id: int | None = None,
     steps_per_loop: int = 1,
     bucket_multiple: int | None = None,
+    row_groups: int | None = None,
 ) -> Rollout:
     """Sample `num_samples` completions of each prompt with the compiled sampler.
 
@@ -127,6 +134,8 @@ def generate(
       pad_id: the id written after a stop; None uses the model's `pad_token_id`, else 0.
       steps_per_loop: decode steps per while-loop iteration.
       bucket_multiple: pad prompt lengths to this multiple instead of a power of two.
+      row_groups: run the prompts as this many equal groups, one host thread each (CPU;
+        `jaxrl_llm.sampler.row_groups`; the same rollout). None: automatic.
 
     Returns:
       A `Rollout`.
@@ -164,12 +173,31 @@ def generate(
         pad_id=pad_id,
         steps_per_loop=steps_per_loop,
         bucket_multiple=bucket_multiple,
+        row_groups=row_groups,
     )
     P = bucket_length(
         max(len(r) for r in rows), multiple=config.bucket_multiple, minimum=config.min_bucket
     )
     tokens, mask = left_pad(rows, length=P, pad_id=pad_id)
     graphdef, state = nnx.split(model)
-    return jit_sample_tokens(
-        graphdef, state, tokens, mask, key, config=config, max_new_tokens=budgets
-    )
+    B, N = len(rows), len(rows) * num_samples
+    groups = resolve_row_groups(config.row_groups, B, devices=devices_of(state))
+    if groups == 1:
+        return jit_sample_tokens(
+            graphdef, state, tokens, mask, key, config=config, max_new_tokens=budgets
+        )
+    keys, b, n = split_row_keys(key, N, groups), B // groups, N // groups
+
+    def call(j: int) -> Rollout:
+        prompts = slice(j * b, (j + 1) * b)
+        return jit_sample_tokens(
+            graphdef,
+            state,
+            tokens[prompts],
+            mask[prompts],
+            keys[j],
+            config=config,
+            max_new_tokens=budgets[j * n : (j + 1) * n],
+        )
+
+    return call_in_row_groups(call, groups)

@@ -64,6 +64,12 @@ class SamplingConfig:
       bucket_multiple: prompt lengths are padded up to a multiple of this; None pads to the
         next power of two (at least `min_bucket`). Used by `generate` on the host.
       min_bucket: smallest padded prompt length.
+      row_groups: host-side, not part of the compiled program: `generate` and the training
+        runner split a call's prompts into this many equal groups and run each group's call
+        from its own host thread, side by side on the CPU's cores
+        (`jaxrl_llm.sampler.row_groups`; the same rollout as one call). None picks the
+        largest divisor of the prompt count up to the core count on one CPU device, 1 on
+        accelerators and multi-device meshes. Must divide the prompts per call.
 
     Examples:
       >>> from jaxrl_llm.config import build
@@ -90,6 +96,7 @@ class SamplingConfig:
     gather_weights: bool = True
     bucket_multiple: int | None = None
     min_bucket: int = 16
+    row_groups: int | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -110,6 +117,8 @@ class SamplingConfig:
             _check_int(self, "top_k", low=1)
         if self.bucket_multiple is not None:
             _check_int(self, "bucket_multiple", low=1)
+        if self.row_groups is not None:
+            _check_int(self, "row_groups", low=1)
         if not _is_number(self.temperature) or not (
             math.isfinite(self.temperature) and self.temperature >= 0
         ):

@@ -66,6 +66,12 @@ def nothing_built(monkeypatch):
         ("train.eval_pass_k=3", "train.eval_pass_k: expected a list, got int."),
         ("optim.name=adamm", "optim.name: must be one of 'adamw', 'adam', 'lion', 'sgd'"),
         ("checkpoint.evry=3", "checkpoint: unknown key 'evry' (did you mean 'every'?)"),
+        ("sampling.row_groups=0", "SamplingConfig: `row_groups` must be an int >= 1, got 0."),
+        (
+            "sampling.row_groups=3",
+            "sampling.row_groups: 3 groups must divide train.prompts_per_step (2), the prompts "
+            "of each sampling call",
+        ),
     ],
 )
 def test_bad_values_are_one_line_errors_before_any_compilation(

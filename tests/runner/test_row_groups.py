@@ -1,0 +1,61 @@
+"""`sampling.row_groups` in the runner: the same training steps and evaluation as one call.
+
+The run: the tiny GRPO run of the runner tests with 4 prompts per step (2 samples each), half of
+the byte ids as stop tokens so that completion lengths vary; steps, metrics and the final state
+with the prompts sampled as 1 call and as 2 groups (one thread each) must agree.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from jaxrl_llm.runner import evaluate_policy, load_run_config, loop, prepare_run
+from tests.runner.helpers import CONFIGS, TINY
+
+GRPO = str(CONFIGS / "grpo.yaml")
+STOPS = "sampling.stop_tokens=[" + ",".join(str(i) for i in range(0, 256, 2)) + "]"
+RUN = [
+    *TINY,
+    STOPS,
+    "train.prompts_per_step=4",
+    "train.eval_prompts=4",
+    "train.compilation_cache=null",
+    "export.enabled=false",
+]
+
+
+def _steps(tmp_path, groups):
+    run_dir = tmp_path / f"groups{groups}"
+    config = load_run_config(GRPO, [*RUN, f"sampling.row_groups={groups}"], run_dir=run_dir)
+    prepared = prepare_run(config)
+    prepared.checkpointer.close()
+    ctx, state, data = prepared.context, prepared.state, prepared.data
+    history = []
+    for step in (1, 2):
+        state, data, metrics = loop._rl_step(ctx, state, data, step)
+        history.append({k: v for k, v in metrics.items() if not k.startswith(("time/", "perf/"))})
+    policy = state.params["policy"]
+    evaluation = evaluate_policy(ctx, policy, state.frozen["policy"], jax.random.key(5))
+    evaluation = {k: v for k, v in evaluation.items() if not k.startswith("time/")}
+    return history, jax.tree.leaves(policy), evaluation
+
+
+@pytest.fixture(scope="module")
+def one_call(tmp_path_factory):
+    return _steps(tmp_path_factory.mktemp("one"), 1)
+
+
+def test_two_groups_train_and_evaluate_like_one_call(one_call, tmp_path):
+    history, params, evaluation = _steps(tmp_path, 2)
+    history_1, params_1, evaluation_1 = one_call
+    assert history[0]["rollout/completion_tokens"] < 4 * 2 * 4  # some rows stopped early
+    assert history[0]["adv/std"] > 0  # the batch has a learning signal
+    assert [h.keys() for h in history] == [h.keys() for h in history_1]
+    for metrics, metrics_1 in zip(history, history_1, strict=True):
+        for key, value in metrics.items():  # the same tokens, rewards and advantages
+            np.testing.assert_allclose(value, metrics_1[key], rtol=1e-5, atol=1e-6, err_msg=key)
+    for a, b in zip(params, params_1, strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    assert evaluation == evaluation_1  # greedy and sampled accuracies, pass@k: exactly

@@ -76,7 +76,13 @@ from jaxrl_llm.runner.programs import (
     update_program,
     value_program,
 )
-from jaxrl_llm.runner.rollout import Collected, collect, in_graph_stop_ids, run_rollout
+from jaxrl_llm.runner.rollout import (
+    Collected,
+    collect,
+    forward_in_row_groups,
+    in_graph_stop_ids,
+    run_rollout,
+)
 from jaxrl_llm.runner.scoring import (
     Scores,
     combine_rewards,
@@ -131,6 +137,7 @@ __all__ = [
     "export_policy",
     "fault_point",
     "format_eval_table",
+    "forward_in_row_groups",
     "group_has_spread",
     "in_graph_scores",
     "in_graph_stop_ids",

@@ -65,7 +65,7 @@ from jaxrl_llm.runner.health import (
 from jaxrl_llm.runner.models import export_policy
 from jaxrl_llm.runner.preference import _preference_step
 from jaxrl_llm.runner.programs import advantage_program, logprob_program, value_program
-from jaxrl_llm.runner.rollout import collect
+from jaxrl_llm.runner.rollout import collect, forward_in_row_groups
 from jaxrl_llm.runner.setup import PreparedRun, prepare_run
 from jaxrl_llm.runner.signals import GracefulStop
 from jaxrl_llm.runner.task import sft_batch
@@ -106,11 +106,15 @@ def _rl_step(
     with jax.set_mesh(ctx.mesh):
         reuses_batch = alg.epochs * alg.minibatches > 1
         old = (
-            logprob(policy_params, policy_frozen, seqs)
+            forward_in_row_groups(ctx, logprob, policy_params, policy_frozen, seqs)
             if reuses_batch or alg.kl.mode == "reward"
             else None
         )
-        ref = logprob(ctx.reference, policy_frozen, seqs) if alg.kl.mode != "none" else None
+        ref = (
+            forward_in_row_groups(ctx, logprob, ctx.reference, policy_frozen, seqs)
+            if alg.kl.mode != "none"
+            else None
+        )
         values = value_program(ctx.graphs)(state.params, state.frozen, seqs) if alg.critic else None
         batch, adv_metrics = advantage_program(batch_alg, ctx.sampling.num_samples)(
             tokens=seqs.tokens,

@@ -38,7 +38,12 @@ from jaxrl_llm.runner.scoring import (
     reward_metrics,
 )
 from jaxrl_llm.runner.task import prompt_batch
-from jaxrl_llm.sampler.row_groups import call_in_row_groups, resolve_row_groups, split_row_keys
+from jaxrl_llm.sampler.row_groups import (
+    call_flops,
+    call_in_row_groups,
+    resolve_row_groups,
+    split_row_keys,
+)
 from jaxrl_llm.train import SequenceBatch
 from jaxrl_llm.train.shardings import batch_sharding
 
@@ -103,14 +108,17 @@ def run_rollout(
       >>> mesh = jax.make_mesh((1, 1, 1), ("data", "fsdp", "tensor"))
       >>> ctx = SimpleNamespace(sampling=SamplingConfig(row_groups=2), mesh=mesh)
       >>> echo = lambda params, frozen, rows, key: (rows * params, jax.random.key_data(key))
-      >>> out, keys = run_rollout(ctx, echo, 10, None, (np.arange(4),), jax.random.key(0), 1)
-      >>> out.tolist()  # two groups of 2 prompts
+      >>> prompts = (np.arange(4)[:, None],)  # [B, P]: 4 prompts of 1 token
+      >>> out, keys = run_rollout(ctx, echo, 10, None, prompts, jax.random.key(0), 1)
+      >>> out[:, 0].tolist()  # two groups of 2 prompts
       [0, 10, 20, 30]
       >>> bool((keys == jax.random.key_data(jax.random.split(jax.random.key(0), 4))).all())
       True
     """
-    B = len(prompt_arrays[0])
-    groups = resolve_row_groups(ctx.sampling.row_groups, B, devices=ctx.mesh.size)
+    B, P = np.shape(prompt_arrays[0])[:2]
+    N, T = B * num_samples, ctx.sampling.max_new_tokens
+    flops = call_flops(params, N, P + T)
+    groups = resolve_row_groups(ctx.sampling.row_groups, B, devices=ctx.mesh.size, flops=flops)
     sharding = batch_sharding(ctx.mesh)
     if groups == 1:
         arrays = jax.device_put(prompt_arrays, sharding)
@@ -146,7 +154,10 @@ def forward_in_row_groups(
       [[0, 10], [20, 30], [40, 50], [60, 70]]
     """
     groups = resolve_row_groups(
-        ctx.sampling.row_groups, ctx.config.train.prompts_per_step, devices=ctx.mesh.size
+        ctx.sampling.row_groups,
+        ctx.config.train.prompts_per_step,
+        devices=ctx.mesh.size,
+        flops=call_flops(params, *seqs.tokens.shape),
     )
     if groups == 1:
         return fn(params, frozen, seqs)

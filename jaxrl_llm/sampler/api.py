@@ -21,6 +21,7 @@ from jaxrl_llm.sampler.config import SamplingConfig
 from jaxrl_llm.sampler.core import sample_tokens
 from jaxrl_llm.sampler.rollout import Rollout
 from jaxrl_llm.sampler.row_groups import (
+    call_flops,
     call_in_row_groups,
     devices_of,
     resolve_row_groups,
@@ -181,7 +182,9 @@ def generate(
     tokens, mask = left_pad(rows, length=P, pad_id=pad_id)
     graphdef, state = nnx.split(model)
     B, N = len(rows), len(rows) * num_samples
-    groups = resolve_row_groups(config.row_groups, B, devices=devices_of(state))
+    groups = resolve_row_groups(
+        config.row_groups, B, devices=devices_of(state), flops=call_flops(state, N, P + T)
+    )
     if groups == 1:
         return jit_sample_tokens(
             graphdef, state, tokens, mask, key, config=config, max_new_tokens=budgets

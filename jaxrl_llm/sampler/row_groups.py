@@ -19,6 +19,9 @@ benchmark machine, 2 groups made the sampler 1.35-2.0× faster than one call (do
 Where it applies: the CPU backend with one device (a mesh of more than one device already
 splits the rows over devices). `row_groups=None` picks `auto_row_groups`; any other backend
 uses 1 (accelerators run one call's kernels asynchronously and gain nothing from threads).
+Splitting costs ≈ 0.5 ms of thread hand-off per call, more than a call of the tiny benchmark
+model at 2 × 4 × 16 takes to gain (1.6 → 2.1 ms), so the automatic choice also keeps
+`MIN_GROUP_FLOPS` of work per group (`call_flops`, about 2 · rows · tokens · parameters).
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ import numpy as np
 
 MAX_AUTO_GROUPS = 8
 """`auto_row_groups` uses at most this many groups, whatever the core count."""
+
+MIN_GROUP_FLOPS = 1e8
+"""`auto_row_groups` gives each group at least this much work (`call_flops`), when told it."""
 
 _pool: tuple[int, ThreadPoolExecutor] | None = None  # (workers, executor), grown on demand
 _pool_lock = threading.Lock()
@@ -55,34 +61,59 @@ def _largest_divisor(n: int, at_most: int) -> int:
     return max(d for d in range(1, max(1, min(n, at_most)) + 1) if n % d == 0)
 
 
-def auto_row_groups(num_prompts: int, *, backend: str | None = None, devices: int = 1) -> int:
+def call_flops(params: Any, rows: int, tokens: int) -> float:
+    """About the FLOPs of one forward of `rows` sequences of `tokens` tokens: `2 · rows ·
+    tokens · (number of parameters in params)` (the matmuls' multiply-adds; embeddings counted
+    as if they were matmuls, attention's own work left out: a size estimate, not a cost model).
+
+    Examples:
+      >>> call_flops({"w": jax.numpy.ones((10, 10)), "b": jax.numpy.ones(10)}, rows=4, tokens=8)
+      7040.0
+    """
+    count = sum(x.size for x in jax.tree.leaves(params) if hasattr(x, "size"))
+    return 2.0 * rows * tokens * count
+
+
+def auto_row_groups(
+    num_prompts: int, *, backend: str | None = None, devices: int = 1, flops: float | None = None
+) -> int:
     """Groups for `row_groups=None`: on one CPU device, the largest divisor of `num_prompts`
-    that is at most the core count (and `MAX_AUTO_GROUPS`); 1 anywhere else.
+    that is at most the core count, at most `MAX_AUTO_GROUPS` and (given the call's `flops`)
+    leaves each group at least `MIN_GROUP_FLOPS`; 1 anywhere else.
 
     Args:
       num_prompts: `B`, the prompts of the call.
       backend: the JAX backend the call runs on (None: `jax.default_backend()`).
       devices: devices the call spans (a mesh's size).
+      flops: the call's work (`call_flops`); None: not considered.
 
     Examples:
       >>> auto_row_groups(8, backend="gpu")
       1
       >>> auto_row_groups(7, backend="cpu") in (1, 7)  # a prime splits only into 1 or 7 groups
       True
+      >>> auto_row_groups(8, backend="cpu", flops=1e7)  # too little work to split
+      1
     """
     backend = jax.default_backend() if backend is None else backend
     if backend != "cpu" or devices != 1:
         return 1
-    return _largest_divisor(num_prompts, min(cpu_cores(), MAX_AUTO_GROUPS))
+    most = min(cpu_cores(), MAX_AUTO_GROUPS)
+    if flops is not None:
+        most = min(most, max(1, int(flops // MIN_GROUP_FLOPS)))
+    return _largest_divisor(num_prompts, most)
 
 
-def resolve_row_groups(row_groups: int | None, num_prompts: int, *, devices: int = 1) -> int:
+def resolve_row_groups(
+    row_groups: int | None, num_prompts: int, *, devices: int = 1, flops: float | None = None
+) -> int:
     """The number of groups a call over `num_prompts` prompts runs in.
 
     Args:
       row_groups: None (auto, `auto_row_groups`) or an int >= 1 that divides `num_prompts`.
       num_prompts: `B`.
       devices: devices the call spans; row groups need one.
+      flops: the call's work (`call_flops`), for the automatic choice.
 
     Raises:
       ValueError: `row_groups` is not an int >= 1, does not divide `num_prompts`, or is more
@@ -97,7 +128,7 @@ def resolve_row_groups(row_groups: int | None, num_prompts: int, *, devices: int
       ValueError: row_groups: 3 groups do not divide the 8 prompts of the call evenly; use a divisor of 8 (or None for automatic).
     """
     if row_groups is None:
-        return auto_row_groups(num_prompts, devices=devices)
+        return auto_row_groups(num_prompts, devices=devices, flops=flops)
     if isinstance(row_groups, bool) or not isinstance(row_groups, int) or row_groups < 1:
         raise ValueError(f"row_groups: must be None or an int >= 1, got {row_groups!r}.")
     if num_prompts % row_groups:

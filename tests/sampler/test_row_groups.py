@@ -12,7 +12,9 @@ import pytest
 from jaxrl_llm.sampler import generate, row_groups
 from jaxrl_llm.sampler.row_groups import (
     MAX_AUTO_GROUPS,
+    MIN_GROUP_FLOPS,
     auto_row_groups,
+    call_flops,
     call_in_row_groups,
     resolve_row_groups,
     split_row_keys,
@@ -103,9 +105,19 @@ def test_automatic_groups_follow_the_backend_cores_and_prompts(monkeypatch):
     assert auto_row_groups(5, backend="cpu") == 1
     assert auto_row_groups(8, backend="gpu") == 1 and auto_row_groups(8, backend="tpu") == 1
     assert auto_row_groups(8, backend="cpu", devices=2) == 1  # a mesh splits the rows already
+    # each group keeps MIN_GROUP_FLOPS of work: 2.5 groups' worth -> 2 groups, too little -> 1
+    assert auto_row_groups(8, backend="cpu", flops=2.5 * MIN_GROUP_FLOPS) == 2
+    assert auto_row_groups(8, backend="cpu", flops=0.5 * MIN_GROUP_FLOPS) == 1
+    assert resolve_row_groups(None, 8, flops=0.5 * MIN_GROUP_FLOPS) == 1
+    assert resolve_row_groups(4, 8, flops=0.5 * MIN_GROUP_FLOPS) == 4  # explicit: as asked
     monkeypatch.setattr(row_groups, "cpu_cores", lambda: 64)
     assert auto_row_groups(64, backend="cpu") == MAX_AUTO_GROUPS
     assert resolve_row_groups(None, 12, devices=1) == auto_row_groups(12)
+
+
+def test_call_flops_counts_every_parameter():
+    params = {"w": np.ones((4, 5)), "layers": [np.ones(3), np.ones((2, 2))], "n": None}
+    assert call_flops(params, rows=6, tokens=7) == 2 * 6 * 7 * (20 + 3 + 4)
 
 
 @pytest.mark.parametrize(

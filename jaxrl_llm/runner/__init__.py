@@ -90,7 +90,7 @@ from jaxrl_llm.runner.scoring import (
     group_has_spread,
     reward_metrics,
 )
-from jaxrl_llm.runner.setup import PreparedRun, build_context, prepare_run
+from jaxrl_llm.runner.setup import PreparedRun, build_context, prepare_run, update_row_groups
 from jaxrl_llm.runner.signals import GracefulStop
 from jaxrl_llm.runner.task import TaskData, load_task, prompt_batch, sft_batch
 from jaxrl_llm.runner.warm_start import warm_start_hash, warm_start_policy
@@ -164,6 +164,7 @@ __all__ = [
     "task_arrays",
     "train",
     "update_program",
+    "update_row_groups",
     "value_program",
     "warm_start_hash",
     "warm_start_policy",

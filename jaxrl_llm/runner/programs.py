@@ -46,6 +46,7 @@ from jaxrl_llm.train import (
     train_state_shardings,
 )
 from jaxrl_llm.train.parallel import make_data_parallel_update_step
+from jaxrl_llm.train.row_groups import make_row_group_update_step
 
 _CACHE_SIZE = 64
 
@@ -149,6 +150,7 @@ def update_program(
     mesh: Mesh,
     state: Any,
     parallel: str = "jit",
+    row_groups: int = 1,
 ) -> Callable[..., Any]:
     """The compiled, donated update step of an RL algorithm, SFT or a preference loss, with
     non-finite skipping.
@@ -157,7 +159,11 @@ def update_program(
     (`train_state_shardings`). `parallel="pmap"`: the data-parallel step
     (`jaxrl_llm.train.parallel.make_data_parallel_update_step`; the mesh must have
     fsdp = tensor = 1), the state replicated. Cached by `(objective_config, graphs, optim,
-    mesh, parallel)` plus the state's structure, which fix the shardings.
+    mesh, parallel, row_groups)` plus the state's structure, which fix the shardings.
+
+    `row_groups > 1` (an RL algorithm with one optimizer update per batch, `parallel="jit"`
+    on a mesh of one device): the gradient is computed in that many row groups from host
+    threads (`jaxrl_llm.train.row_groups`; the same update up to float rounding).
 
     Args:
       objective_config: an `AlgorithmConfig` (RL), an `SFTConfig` or a `PreferenceConfig`.
@@ -166,6 +172,7 @@ def update_program(
       mesh: the device mesh.
       state: a `TrainState` (concrete or abstract) of the run.
       parallel: "jit" or "pmap" (the run's `parallel:`).
+      row_groups: row groups of the gradient (1: one program over the whole batch).
 
     Returns:
       `step(state, batch) -> (state, metrics)`; metrics include `optim/skipped` and the
@@ -187,7 +194,7 @@ def update_program(
     """
     if parallel not in ("jit", "pmap"):
         raise ValueError(f"update_program: `parallel` must be 'jit' or 'pmap', got {parallel!r}.")
-    key = (objective_config, graphs, optim, mesh, parallel, jax.tree.structure(state))
+    key = (objective_config, graphs, optim, mesh, parallel, row_groups, jax.tree.structure(state))
     if key in _UPDATE_CACHE:
         return _UPDATE_CACHE[key]
     optimizer = make_optimizer(optim)
@@ -207,7 +214,27 @@ def update_program(
         "kl_controller": controller,
         "skip_nonfinite": True,
     }
-    if parallel == "pmap":
+    if row_groups > 1:
+        if not isinstance(objective_config, AlgorithmConfig) or parallel != "jit":
+            raise ValueError(
+                "update_program: row groups apply to an RL algorithm's update with "
+                f"parallel='jit', got {type(objective_config).__name__} with {parallel!r}."
+            )
+        if schedule["epochs"] * schedule["minibatches"] * schedule["accumulation_steps"] > 1:
+            raise ValueError(
+                "update_program: row groups need one optimizer update per batch (epochs = "
+                "minibatches = accumulation_steps = 1)."
+            )
+        step = make_row_group_update_step(
+            objective,
+            optimizer,
+            groups=row_groups,
+            kl_controller=controller,
+            mesh=mesh,
+            state_shardings=train_state_shardings(state, mesh, optimizer),
+            skip_nonfinite=True,
+        )
+    elif parallel == "pmap":
         step = make_data_parallel_update_step(objective, optimizer, mesh=mesh, **schedule)
     else:
         shardings = train_state_shardings(state, mesh, optimizer)

@@ -36,6 +36,7 @@ from jaxrl_llm.runner.preference import load_preference_examples
 from jaxrl_llm.runner.programs import update_program
 from jaxrl_llm.runner.task import load_task
 from jaxrl_llm.runner.warm_start import warm_start_policy
+from jaxrl_llm.sampler.row_groups import call_flops, resolve_row_groups
 from jaxrl_llm.train import (
     TrainState,
     init_train_state,
@@ -125,6 +126,36 @@ def _sampling(config: RunConfig, tokenizer: Any) -> Any:
 
     stops = tuple(sorted({*config.sampling.stop_tokens, tokenizer.eos_id}))
     return dataclasses.replace(config.sampling, stop_tokens=stops, pad_id=tokenizer.pad_id)
+
+
+def update_row_groups(config: RunConfig, task: Any, policy_params: Any, mesh: Any) -> int:
+    """Row groups of the RL update's gradient (`jaxrl_llm.train.row_groups`): the run's
+    `sampling.row_groups` (None: automatic, as for the sampler and the log-prob forwards, from
+    the FLOPs of one forward over the batch) where they apply — an RL run with one optimizer
+    update per batch, `parallel: jit`, one device; 1 anywhere else.
+
+    Examples:
+      >>> from types import SimpleNamespace
+      >>> from jaxrl_llm.runner.config import ModelSection
+      >>> from jaxrl_llm.train import SFTConfig
+      >>> sft = RunConfig(model=ModelSection(checkpoint="/m"), sft=SFTConfig())
+      >>> update_row_groups(sft, None, None, SimpleNamespace(size=1))
+      1
+    """
+    alg = config.algorithm
+    if (
+        config.kind != "rl"
+        or config.parallel != "jit"
+        or mesh.size != 1
+        or alg.epochs * alg.minibatches * config.optim.accumulation_steps > 1
+    ):
+        return 1
+    B = config.train.prompts_per_step
+    rows = B * config.sampling.num_samples
+    seq = task.prompt_length + task.completion_length
+    return resolve_row_groups(
+        config.sampling.row_groups, B, devices=mesh.size, flops=call_flops(policy_params, rows, seq)
+    )
 
 
 def _split(config: RunConfig, policy: Any, critic: Any) -> tuple[Any, Any, Any]:
@@ -277,7 +308,10 @@ def build_context(
     )
     state = jax.device_put(state, train_state_shardings(state, mesh, optimizer))
     objective = algorithm or config.sft or config.preference
-    update = update_program(objective, graphs, config.optim, mesh, state, config.parallel)
+    groups = update_row_groups(config, task, params["policy"], mesh)
+    update = update_program(
+        objective, graphs, config.optim, mesh, state, config.parallel, row_groups=groups
+    )
     functions = [] if config.rewards.jax_native else config.rewards.resolve()
     context = RunContext(
         config=config,

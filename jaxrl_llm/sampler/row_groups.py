@@ -201,14 +201,37 @@ def _concatenate(*parts: jax.Array) -> jax.Array:
     return jax.device_put(joined, parts[0].sharding)
 
 
+def map_in_threads(call: Callable[[int], Any], groups: int) -> list[Any]:
+    """`[call(j) for j < groups]`, each call from its own thread of the row-group pool, which
+    waits for its output (`jax.block_until_ready`); one group runs on the calling thread.
+
+    The worker threads enter the caller's mesh (`jax.set_mesh`), which is thread-local; other
+    thread-local JAX contexts of the caller are not carried over.
+
+    Examples:
+      >>> map_in_threads(lambda j: 10 * j, 3)
+      [0, 10, 20]
+    """
+    if groups == 1:
+        return [call(0)]
+    mesh = jax.sharding.get_mesh()
+
+    def run(j: int) -> Any:
+        if mesh.empty:
+            return jax.block_until_ready(call(j))
+        with jax.set_mesh(mesh):
+            return jax.block_until_ready(call(j))
+
+    return list(_executor(groups).map(run, range(groups)))
+
+
 def call_in_row_groups(call: Callable[[int], Any], groups: int) -> Any:
     """`call(j)` for `j < groups`, each from its own thread; outputs joined along the rows.
 
     `call(j)` runs group `j` (the caller slices its inputs) and returns a pytree of arrays
     whose leading axis is the group's rows; None leaves stay None. With one group `call(0)`
-    runs on the calling thread and its output is returned as is. The worker threads enter
-    the caller's mesh (`jax.set_mesh`), which is thread-local; other thread-local JAX
-    contexts of the caller are not carried over.
+    runs on the calling thread and its output is returned as is. Threads as in
+    `map_in_threads`.
 
     Examples:
       >>> import jax.numpy as jnp
@@ -218,14 +241,4 @@ def call_in_row_groups(call: Callable[[int], Any], groups: int) -> Any:
     """
     if groups == 1:
         return call(0)
-
-    mesh = jax.sharding.get_mesh()
-
-    def run(j: int) -> Any:
-        if mesh.empty:
-            return jax.block_until_ready(call(j))
-        with jax.set_mesh(mesh):
-            return jax.block_until_ready(call(j))
-
-    outputs = list(_executor(groups).map(run, range(groups)))
-    return jax.tree.map(_concatenate, *outputs)
+    return jax.tree.map(_concatenate, *map_in_threads(call, groups))

@@ -13,6 +13,8 @@
   `PreferenceConfig`, `PreferenceBatch`, `preference_objective`, `train_preference`.
 * `update` — the pure `update_step` (epochs × minibatches × accumulation in `lax.scan`),
   `loss_and_grads`, `make_update_step`.
+* `row_groups` — one update's gradient in row groups from host threads (XLA:CPU),
+  `make_row_group_update_step`.
 * `shardings` — state and batch shardings for a mesh.
 * `metrics` — sums-and-counts reduction of metrics over micro-batches.
 """
@@ -75,9 +77,14 @@ from jaxrl_llm.train.preference import (
     sequence_logprobs,
     train_preference,
 )
+from jaxrl_llm.train.row_groups import (
+    apply_group_gradients,
+    group_gradients,
+    make_row_group_update_step,
+)
 from jaxrl_llm.train.shardings import batch_sharding, param_shardings, train_state_shardings
 from jaxrl_llm.train.state import TrainState, init_train_state
-from jaxrl_llm.train.update import loss_and_grads, make_update_step, update_step
+from jaxrl_llm.train.update import finish_update, loss_and_grads, make_update_step, update_step
 
 __all__ = [
     "OPTIMIZERS",
@@ -100,6 +107,7 @@ __all__ = [
     "SFTConfig",
     "SequenceBatch",
     "TrainState",
+    "apply_group_gradients",
     "batch_sharding",
     "build_rl_batch",
     "check_data_parallel",
@@ -113,6 +121,8 @@ __all__ = [
     "concat_sequences",
     "count_normalizers",
     "critic_values",
+    "finish_update",
+    "group_gradients",
     "has_learning_rate",
     "init_train_state",
     "kl_controller",
@@ -122,6 +132,7 @@ __all__ = [
     "make_data_parallel_update_step",
     "make_logprob_fn",
     "make_optimizer",
+    "make_row_group_update_step",
     "make_schedule",
     "make_update_step",
     "make_value_fn",

@@ -345,10 +345,57 @@ def update_step(
     (params, opt_state), stats = jax.lax.scan(
         epoch, (state.params, state.opt_state), jax.random.split(key, epochs)
     )
-    metrics = reduce_stats(_across_devices(stats, axis_name))
+    return finish_update(
+        state,
+        params,
+        opt_state,
+        reduce_stats(_across_devices(stats, axis_name)),
+        num_rows=N * devices,
+        next_key=next_key,
+        kl_controller=kl_controller,
+        skip_nonfinite=skip_nonfinite,
+    )
+
+
+def finish_update(
+    state: TrainState,
+    params: Any,
+    opt_state: Any,
+    metrics: dict[str, jax.Array],
+    *,
+    num_rows: int,
+    next_key: jax.Array,
+    kl_controller: losses.KLController | None,
+    skip_nonfinite: bool,
+) -> tuple[TrainState, dict[str, jax.Array]]:
+    """The end of an update step, after its optimizer updates: the KL controller, the
+    non-finite skip (module docstring), the learning-rate and β metrics, the new `TrainState`.
+
+    Args:
+      state: the state the step started from.
+      params, opt_state: after the step's optimizer updates.
+      metrics: the step's reduced metrics (`reduce_stats`), with `nonfinite/…` flags when
+        `skip_nonfinite`.
+      num_rows: the rows of the whole batch (`n_steps` of the KL controller).
+      next_key: the state's next PRNG key.
+      kl_controller, skip_nonfinite: as for `update_step`.
+
+    Returns:
+      `(new_state, metrics)` with `optim/skipped`, `optim/learning_rate` and `kl/beta` added
+      where they apply.
+
+    Examples:
+      >>> from jaxrl_llm.train.state import init_train_state
+      >>> s = init_train_state({"w": jnp.zeros(1)}, {}, optax.sgd(1.0), key=jax.random.key(0))
+      >>> flags = {"nonfinite/total": jnp.array(1.0), "nonfinite/grad_norm": jnp.array(0.0)}
+      >>> new, m = finish_update(s, {"w": jnp.ones(1)}, s.opt_state, flags, num_rows=2,
+      ...                        next_key=s.key, kl_controller=None, skip_nonfinite=True)
+      >>> new.params["w"].tolist(), int(new.step), float(m["optim/skipped"])  # a skipped step
+      ([0.0], 1, 1.0)
+    """
     kl = state.kl
     if kl_controller is not None and "kl/seq_k1" in metrics:
-        kl = kl_controller.update(kl, metrics["kl/seq_k1"], N * devices)
+        kl = kl_controller.update(kl, metrics["kl/seq_k1"], num_rows)
     if skip_nonfinite:
         ok = metrics["nonfinite/total"] + metrics["nonfinite/grad_norm"] == 0
 
@@ -366,7 +413,7 @@ def update_step(
     new_state = TrainState(
         step=state.step + 1,
         params=params,
-        frozen=frozen,
+        frozen=state.frozen,
         opt_state=opt_state,
         key=next_key,
         kl=kl,

@@ -2,16 +2,20 @@
 
 The run: the tiny GRPO run of the runner tests with 4 prompts per step (2 samples each), half of
 the byte ids as stop tokens so that completion lengths vary; steps, metrics and the final state
-with the prompts sampled as 1 call and as 2 groups (one thread each) must agree.
+with the rows sampled, forwarded and updated (the gradient, `jaxrl_llm.train.row_groups`) as 1
+call and as 2 groups (one thread each) must agree.
 """
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import jax
 import numpy as np
 import pytest
 
 from jaxrl_llm.runner import evaluate_policy, load_run_config, loop, prepare_run
+from jaxrl_llm.runner.setup import update_row_groups
 from tests.runner.helpers import CONFIGS, TINY
 
 GRPO = str(CONFIGS / "grpo.yaml")
@@ -32,6 +36,7 @@ def _steps(tmp_path, groups):
     prepared = prepare_run(config)
     prepared.checkpointer.close()
     ctx, state, data = prepared.context, prepared.state, prepared.data
+    assert update_row_groups(config, ctx.task, state.params["policy"], ctx.mesh) == groups
     history = []
     for step in (1, 2):
         state, data, metrics = loop._rl_step(ctx, state, data, step)
@@ -59,3 +64,19 @@ def test_two_groups_train_and_evaluate_like_one_call(one_call, tmp_path):
     for a, b in zip(params, params_1, strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
     assert evaluation == evaluation_1  # greedy and sampled accuracies, pass@k: exactly
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ([], 2),
+        (["algorithm.epochs=2"], 1),  # several optimizer updates per batch
+        (["optim.accumulation_steps=2"], 1),
+    ],
+)
+def test_the_update_uses_row_groups_only_where_they_apply(tmp_path, overrides, expected):
+    config = load_run_config(GRPO, [*RUN, "sampling.row_groups=2", *overrides], run_dir=tmp_path)
+    task = SimpleNamespace(prompt_length=8, completion_length=4)
+    mesh = SimpleNamespace(size=1)
+    assert update_row_groups(config, task, {"w": np.ones(10)}, mesh) == expected
+    assert update_row_groups(config, task, {"w": np.ones(10)}, SimpleNamespace(size=2)) == 1

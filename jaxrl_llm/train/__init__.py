@@ -84,7 +84,13 @@ from jaxrl_llm.train.row_groups import (
 )
 from jaxrl_llm.train.shardings import batch_sharding, param_shardings, train_state_shardings
 from jaxrl_llm.train.state import TrainState, init_train_state
-from jaxrl_llm.train.update import finish_update, loss_and_grads, make_update_step, update_step
+from jaxrl_llm.train.update import (
+    finish_update,
+    jit_state_step,
+    loss_and_grads,
+    make_update_step,
+    update_step,
+)
 
 __all__ = [
     "OPTIMIZERS",
@@ -125,6 +131,7 @@ __all__ = [
     "group_gradients",
     "has_learning_rate",
     "init_train_state",
+    "jit_state_step",
     "kl_controller",
     "kto_kl_sequences",
     "learning_rate",

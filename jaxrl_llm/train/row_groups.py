@@ -33,7 +33,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import optax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh
 
 import losses
 from jaxrl_llm.sampler.row_groups import map_in_threads
@@ -41,7 +41,12 @@ from jaxrl_llm.train.batch import Normalizers
 from jaxrl_llm.train.metrics import MicroStats, micro_batch_stats, reduce_stats
 from jaxrl_llm.train.objectives import Objective
 from jaxrl_llm.train.state import TrainState
-from jaxrl_llm.train.update import _nonfinite_flags, finish_update, loss_and_grads
+from jaxrl_llm.train.update import (
+    _nonfinite_flags,
+    finish_update,
+    jit_state_step,
+    loss_and_grads,
+)
 
 
 def group_gradients(
@@ -206,9 +211,6 @@ def make_row_group_update_step(
         functools.partial(group_gradients, objective, skip_nonfinite=skip_nonfinite),
         static_argnames=("rows", "groups"),
     )
-    out_shardings = (
-        None if mesh is None else (state_shardings, NamedSharding(mesh, PartitionSpec()))
-    )
 
     @functools.cache
     def apply_program(num_rows: int) -> Callable[..., Any]:
@@ -219,14 +221,7 @@ def make_row_group_update_step(
             kl_controller=kl_controller,
             skip_nonfinite=skip_nonfinite,
         )
-        if mesh is None:
-            return jax.jit(apply, donate_argnums=0)
-        return jax.jit(
-            apply,
-            in_shardings=(state_shardings, None, None),
-            out_shardings=out_shardings,
-            donate_argnums=0,
-        )
+        return jit_state_step(apply, mesh, state_shardings, (None, None))
 
     def step(state: TrainState, batch: Any) -> tuple[TrainState, dict[str, jax.Array]]:
         objective.check(batch, 1)

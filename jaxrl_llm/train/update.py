@@ -421,6 +421,28 @@ def finish_update(
     return new_state, metrics
 
 
+def jit_state_step(
+    fn: Callable[..., Any], mesh: Mesh | None, state_shardings: Any, rest_shardings: tuple
+) -> Callable[..., Any]:
+    """`fn(state, *rest) -> (state, metrics)` under `jax.jit` with the state donated; with a
+    mesh, the state in and out with `state_shardings`, the rest with `rest_shardings` (None
+    entries: as placed) and the metrics replicated.
+
+    Examples:
+      >>> step = jit_state_step(lambda s, x: (s + x, {"x": x}), None, None, ())
+      >>> step(jnp.ones(2), 1.0)[0].tolist()
+      [2.0, 2.0]
+    """
+    if mesh is None:
+        return jax.jit(fn, donate_argnums=0)
+    return jax.jit(
+        fn,
+        in_shardings=(state_shardings, *rest_shardings),
+        out_shardings=(state_shardings, NamedSharding(mesh, PartitionSpec())),
+        donate_argnums=0,
+    )
+
+
 def make_update_step(
     objective: Objective,
     optimizer: optax.GradientTransformation,
@@ -482,13 +504,7 @@ def make_update_step(
             "make_update_step: a `mesh` needs `state_shardings` (train_state_shardings(state, "
             "mesh, optimizer))."
         )
-    replicated = NamedSharding(mesh, PartitionSpec())
-    jitted = jax.jit(
-        fn,
-        in_shardings=(state_shardings, batch_sharding(mesh)),
-        out_shardings=(state_shardings, replicated),
-        donate_argnums=0,
-    )
+    jitted = jit_state_step(fn, mesh, state_shardings, (batch_sharding(mesh),))
 
     def step(state: TrainState, batch: Any) -> tuple[TrainState, dict[str, jax.Array]]:
         with jax.set_mesh(mesh):

@@ -36,12 +36,14 @@ ADAPTIVE_GRPO = dataclasses.replace(
 )
 
 
-def _run(step, alg, tx, logprob_fn, steps=2):
+def _run(step, alg, tx, compiled, steps=2):
     graphs, state = fresh_state(alg, tx)
     ref = jax.tree.map(lambda x: x * 1.01, reference_params(state.params))  # KL ≠ 0
+    value_fn = compiled.value_fn(alg.critic.kind) if alg.critic else None
     history = []
     for i in range(steps):
-        batch = prepare(alg, state, sequences(jax.random.key(20 + i), N, P, T), ref, logprob_fn)
+        seqs = sequences(jax.random.key(20 + i), N, P, T)
+        batch = prepare(alg, state, seqs, ref, compiled.logprob_fn(), value_fn)
         state, metrics = step(graphs)(state, batch)
         history.append({k: float(v) for k, v in metrics.items()})
     return state, history
@@ -72,6 +74,8 @@ def _steps(alg, tx, groups):
         ("dapo", preset("dapo"), 2),  # token-mean over the whole batch: global counts matter
         ("gspo", preset("gspo"), 4),  # sequence-level ratios, 4 groups of 2 rows
         ("dr_grpo", preset("dr_grpo"), 8),  # one row per group
+        # a value head (GAE returns, clipped value loss) and a KL penalty in the reward
+        ("ppo-one-epoch", dataclasses.replace(preset("ppo"), epochs=1), 2),
     ],
 )
 @pytest.mark.filterwarnings("ignore:gspo_loss")
@@ -79,8 +83,8 @@ def test_row_groups_equal_the_whole_batch_step(compiled, name, alg, groups):
     """Two steps: the same parameters (to float32 rounding), step, key, β and metrics."""
     tx = make_optimizer(SGD)
     whole, split = _steps(alg, tx, groups)
-    expected_state, expected = _run(whole, alg, tx, compiled.logprob_fn())
-    state, got = _run(split, alg, tx, compiled.logprob_fn())
+    expected_state, expected = _run(whole, alg, tx, compiled)
+    state, got = _run(split, alg, tx, compiled)
     assert tree_max_abs_diff(state.params, expected_state.params) < 1e-6
     assert int(state.step) == int(expected_state.step) == 2
     assert (jax.random.key_data(state.key) == jax.random.key_data(expected_state.key)).all()
@@ -99,8 +103,8 @@ def test_adamw_row_groups_follow_the_whole_batch_step(compiled):
     alg = preset("grpo")
     tx = make_optimizer(OptimConfig(name="adamw", learning_rate=1e-3, max_grad_norm=1.0))
     whole, split = _steps(alg, tx, 2)
-    expected_state, expected = _run(whole, alg, tx, compiled.logprob_fn(), steps=1)
-    state, got = _run(split, alg, tx, compiled.logprob_fn(), steps=1)
+    expected_state, expected = _run(whole, alg, tx, compiled, steps=1)
+    state, got = _run(split, alg, tx, compiled, steps=1)
     assert tree_max_abs_diff(state.params, expected_state.params) < 2e-4  # ≤ 0.2 × lr
     np.testing.assert_allclose(
         got[0]["loss/total"], expected[0]["loss/total"], rtol=1e-4, atol=1e-9

@@ -67,9 +67,12 @@ class SamplingConfig:
       row_groups: host-side, not part of the compiled program: `generate` and the training
         runner split a call's prompts into this many equal groups and run each group's call
         from its own host thread, side by side on the CPU's cores
-        (`jaxrl_llm.sampler.row_groups`; the same rollout as one call). None picks the
-        largest divisor of the prompt count up to the core count on one CPU device, 1 on
-        accelerators and multi-device meshes. Must divide the prompts per call.
+        (`jaxrl_llm.sampler.row_groups`; the same rollout as one call). The runner's
+        step-by-step loop runs its log-prob forwards and, with one optimizer update per
+        batch, the update's gradient in the same groups (`jaxrl_llm.train.row_groups`).
+        None picks the largest divisor of the prompt count up to the core count on one CPU
+        device that leaves each group enough work, 1 on accelerators and multi-device
+        meshes. Must divide the prompts per call.
 
     Examples:
       >>> from jaxrl_llm.config import build

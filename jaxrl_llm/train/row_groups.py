@@ -71,7 +71,8 @@ def group_gradients(
       start: the group's first row (an int32 scalar: one program for every group).
       rows: the group's rows, `N / groups`.
       groups: the number of groups (each group's `loss/…` share counts `1 / groups`).
-      skip_nonfinite: add the group's `nonfinite/…` flags to the maxes.
+      skip_nonfinite: add the group's `nonfinite/…` flags of its loss terms to the maxes (the
+        gradient's flag is set from the summed gradient by `apply_group_gradients`).
 
     Returns:
       `(grads, stats)`: `∇L_j` and the group's `MicroStats`.
@@ -93,8 +94,8 @@ def group_gradients(
     stats = micro_batch_stats(
         metrics, num_tokens=local.num_tokens, num_seqs=local.num_seqs, loss_weight=1.0 / groups
     )
-    if skip_nonfinite:
-        stats.maxes.update(_nonfinite_flags(loss, metrics, optax.tree.norm(grads)))
+    if skip_nonfinite:  # the gradient's flag is the summed gradient's (apply_group_gradients)
+        stats.maxes.update(_nonfinite_flags(loss, metrics, grad_norm=None))
     return grads, stats
 
 

@@ -201,15 +201,19 @@ def _across_devices(stats: MicroStats, axis_name: str | None) -> MicroStats:
     )
 
 
-def _nonfinite_flags(loss: jax.Array, metrics: dict[str, jax.Array], grad_norm: jax.Array) -> dict:
-    """1.0 per non-finite loss term (`loss/<term>` metrics), total loss and gradient norm."""
+def _nonfinite_flags(
+    loss: jax.Array, metrics: dict[str, jax.Array], grad_norm: jax.Array | None
+) -> dict:
+    """1.0 per non-finite loss term (`loss/<term>` metrics), total loss and gradient norm (no
+    `nonfinite/grad_norm` flag when `grad_norm` is None)."""
     flags = {
         f"nonfinite/{key.split('/', 1)[1]}": value
         for key, value in metrics.items()
         if key.startswith("loss/")
     }
     flags["nonfinite/total"] = loss
-    flags["nonfinite/grad_norm"] = grad_norm
+    if grad_norm is not None:
+        flags["nonfinite/grad_norm"] = grad_norm
     return {k: (~jnp.isfinite(v)).astype(jnp.float32) for k, v in flags.items()}
 
 

@@ -29,6 +29,7 @@ Auto axes), the inputs and activations are laid out with their rows over the bat
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Literal
 
@@ -38,7 +39,13 @@ import numpy as np
 from flax import nnx
 
 from jaxrl_llm.models import cache as kv_cache
-from jaxrl_llm.models._sharded_ops import compute_weight, einsum, take_rows
+from jaxrl_llm.models._sharded_ops import (
+    compute_weight,
+    einsum,
+    plain_layout,
+    take_rows,
+    unsharded,
+)
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.layers import Block, RMSNorm, make_param, rope_angles, rope_inv_freq
 from sharding import shard
@@ -66,6 +73,17 @@ _ROWS = ("batch", "length")
 def _rows(x: Array | None) -> Array | None:
     """Lay a per-token input `[N, S]` out by rows over the batch mesh axes (if any)."""
     return None if x is None else shard(x, _ROWS)
+
+
+def _layer_inputs(angles: Any, masks: Any, is_sliding: Array, mixed: bool) -> tuple[Any, Array]:
+    """One layer's `(sin, cos)` and mask from `Decoder._per_layer_inputs`' outputs."""
+    if not mixed:
+        return angles, masks
+
+    def pick(full: Array, local: Array) -> Array:
+        return jnp.where(is_sliding, local, full)
+
+    return jax.tree.map(pick, *angles), jax.tree.map(pick, *masks)
 
 
 def _check_inputs(tokens: Array, positions: Array, mask: Array | None, mask_name: str) -> None:
@@ -185,6 +203,123 @@ class Decoder(nnx.Module):
 
         x, _ = self._layers(self._embed(tokens), positions, mask_fn, None)
         return self.final_norm(x)
+
+    def shared_prompt_hidden_states(
+        self,
+        tokens: Array,
+        positions: Array,
+        *,
+        attention_mask: Array | None = None,
+        prompt_length: int,
+        group_size: int,
+    ) -> Array:
+        """`hidden_states` of rows that share their prompt in groups, each prompt run once.
+
+        Rows come in groups of `G = group_size` consecutive rows (row `b·G + g`, as the
+        sampler lays out `G` samples per prompt) whose first `P = prompt_length` tokens and
+        mask entries are the same. Causal attention makes a prompt position's hidden state a
+        function of the prompt alone, so every layer runs the `B = N / G` prompts `[B, P]`
+        once and the completions `[N, S − P]` against the prompt's keys and values repeated
+        `G` times followed by their own (a prefix-shared KV cache inside the training
+        forward):
+
+            prompt layer:      x_p[B, P]  attends to k_p, v_p                     (causal)
+            completion layer:  x_c[N, S−P] attends to [repeat(k_p, G) ; k_c]      (causal)
+
+        The result is `hidden_states(tokens, positions, attention_mask=...)` with the prompt
+        part repeated to `[N, S, D]`, up to float rounding (the matmuls see other row counts);
+        gradients flow to the shared prompt from all `G` rows. The projections and MLP run on
+        `B·P + N·(S − P)` token rows instead of `N·S`. Only where the model builds the plain
+        program (`plain_layout()`: no mesh or a mesh of one device) and `G > 1`; otherwise
+        this is `hidden_states`. The caller guarantees the shared prompts (they are not
+        compared: that would cost a pass over the tokens).
+
+        Args:
+          tokens: `[N, S]` token ids, `N` a multiple of `group_size`.
+          positions: `[N, S]` rotary positions.
+          attention_mask: `[N, S]` (1 = real token), or None (all real).
+          prompt_length: `P`, `1 <= P < S`.
+          group_size: `G >= 1`, rows per shared prompt.
+
+        Returns:
+          Final-normed hidden states `[N, S, D]` in the compute dtype.
+
+        Examples:
+          >>> cfg = ModelConfig(family="qwen3", vocab_size=11, hidden_size=8,
+          ...                   intermediate_size=16, num_layers=2, num_heads=2,
+          ...                   num_kv_heads=1, head_dim=4)
+          >>> model = Decoder(cfg, rngs=nnx.Rngs(0))
+          >>> tokens = jnp.array([[1, 2, 3, 4], [1, 2, 5, 6]])  # one prompt [1, 2], G = 2
+          >>> positions = jnp.tile(jnp.arange(4), (2, 1))
+          >>> shared = model.shared_prompt_hidden_states(tokens, positions, prompt_length=2,
+          ...                                            group_size=2)
+          >>> bool(jnp.allclose(shared, model.hidden_states(tokens, positions), atol=1e-5))
+          True
+        """
+        _check_inputs(tokens, positions, attention_mask, "attention_mask")
+        N, S = tokens.shape
+        for name, value, low in (
+            ("prompt_length", prompt_length, 1),
+            ("group_size", group_size, 1),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"`{name}` must be an int >= {low}, got {value!r}.")
+        if prompt_length >= S:
+            raise ValueError(
+                f"`prompt_length` must be < the {S} tokens per row, got {prompt_length}."
+            )
+        if N % group_size:
+            raise ValueError(
+                f"{N} rows do not split into groups of `group_size` = {group_size} rows."
+            )
+        if group_size == 1 or not plain_layout():
+            return self.hidden_states(tokens, positions, attention_mask=attention_mask)
+        P, G = prompt_length, group_size
+        segments = (
+            jnp.ones(tokens.shape, jnp.int32)
+            if attention_mask is None
+            else attention_mask.astype(jnp.int32)
+        )
+
+        def rows_of(window: int | None, prompt: bool) -> Array:
+            mask = kv_cache.full_attention_mask(segments, positions, window)  # [N, S, S]
+            return mask[::G, :P, :P] if prompt else mask[:, P:]
+
+        prompt_in = self._per_layer_inputs(
+            positions[::G, :P], functools.partial(rows_of, prompt=True)
+        )
+        completion_in = self._per_layer_inputs(
+            positions[:, P:], functools.partial(rows_of, prompt=False)
+        )
+        sliding, mixed = prompt_in[2], isinstance(prompt_in[1], tuple)
+        graphdef, state = nnx.split(self.layers)
+
+        def own(k: Array, v: Array) -> tuple[Array, Array, tuple[Array, Array]]:
+            return k, v, (k, v)
+
+        def body(carry: tuple[Array, Array], xs: Any) -> tuple[tuple[Array, Array], None]:
+            x_p, x_c = carry
+            layer_state, is_sliding = xs
+            block = nnx.merge(graphdef, layer_state)
+            (sin, cos), mask = _layer_inputs(*prompt_in[:2], is_sliding, mixed)
+            x_p, (k_p, v_p) = block(x_p, sin, cos, mask, own)  # [B, P, K, Hd] keys and values
+
+            def after_prompt(k: Array, v: Array) -> tuple[Array, Array, None]:
+                def join(shared: Array, new: Array) -> Array:
+                    shared, new = unsharded(shared, new)
+                    return jnp.concatenate([jnp.repeat(shared, G, axis=0), new], axis=1)
+
+                return join(k_p, k), join(v_p, v), None
+
+            (sin, cos), mask = _layer_inputs(*completion_in[:2], is_sliding, mixed)
+            x_c, _ = block(x_c, sin, cos, mask, after_prompt)
+            return (x_p, x_c), None
+
+        x = (self._embed(tokens[::G, :P]), self._embed(tokens[:, P:]))
+        (x_p, x_c), _ = jax.lax.scan(self._remat(body), x, (state, sliding))
+        x_p, x_c = unsharded(self.final_norm(x_p), self.final_norm(x_c))
+        hidden = jnp.concatenate([jnp.repeat(x_p, G, axis=0), x_c], axis=1)
+        return shard(hidden, ("batch", "length", "embed"))
 
     def logits(self, hidden: Array) -> Array:
         """Project hidden states `[..., D]` to float32 logits `[..., V]` (with soft-capping).
@@ -330,10 +465,7 @@ class Decoder(nnx.Module):
         def body(x: Array, xs: Any) -> tuple[Array, Any]:
             layer_state, is_sliding, kv_layer = xs
             block = nnx.merge(graphdef, layer_state)
-            (sin, cos), mask = angles, masks
-            if mixed:
-                (sin, cos) = jax.tree.map(lambda f, s: jnp.where(is_sliding, s, f), *angles)
-                mask = jnp.where(is_sliding, masks[1], masks[0])
+            (sin, cos), mask = _layer_inputs(angles, masks, is_sliding, mixed)
             write = None
             if kv_layer is not None:
 
@@ -351,7 +483,11 @@ class Decoder(nnx.Module):
 
             return block(x, sin, cos, mask, write)
 
-        if self.remat != "none":
-            body = jax.checkpoint(body, policy=_REMAT_POLICIES[self.remat])
         kv_xs = None if kv is None else (kv[0], kv[1])
-        return jax.lax.scan(body, x, (state, sliding, kv_xs), unroll=unroll)
+        return jax.lax.scan(self._remat(body), x, (state, sliding, kv_xs), unroll=unroll)
+
+    def _remat(self, body: Any) -> Any:
+        """The layer scan's body under this model's `remat` policy."""
+        if self.remat == "none":
+            return body
+        return jax.checkpoint(body, policy=_REMAT_POLICIES[self.remat])

@@ -72,6 +72,7 @@ from jaxrl_llm.runner.preference import load_preference_examples
 from jaxrl_llm.runner.programs import (
     advantage_program,
     logprob_program,
+    prompt_group_size,
     rollout_program,
     update_program,
     value_program,
@@ -154,6 +155,7 @@ __all__ = [
     "pass_at_k",
     "prepare_run",
     "prompt_batch",
+    "prompt_group_size",
     "reward_metrics",
     "rollout_metrics",
     "rollout_program",

@@ -60,6 +60,7 @@ from jaxrl_llm.runner.in_graph import TaskArrays, in_graph_scores, rollout_metri
 from jaxrl_llm.runner.programs import (
     advantage_program,
     logprob_program,
+    prompt_group_size,
     rollout_program,
     value_program,
 )
@@ -131,6 +132,8 @@ class _Spec(NamedTuple):
     overlong_max_length: int | None
     prompts_per_step: int
     mesh: Any
+    forward_group: int  # rows per shared prompt of the log-prob forwards
+    update_group: int  # ... and of the update (`programs.prompt_group_size`)
 
 
 def _spec(ctx: RunContext) -> _Spec:
@@ -154,14 +157,18 @@ def _spec(ctx: RunContext) -> _Spec:
         overlong_max_length=config.overlong_max_length,
         prompts_per_step=config.train.prompts_per_step,
         mesh=ctx.mesh,
+        forward_group=prompt_group_size(config, ctx.mesh, update=False),
+        update_group=prompt_group_size(config, ctx.mesh, update=True),
     )
 
 
-def _update_step(alg: AlgorithmConfig, graphs: ModelGraphs, optim: OptimConfig) -> Any:
+def _update_step(
+    alg: AlgorithmConfig, graphs: ModelGraphs, optim: OptimConfig, group_size: int
+) -> Any:
     """The run's update step (`programs.update_program`) without its mesh wrapper, which
     cannot be entered inside `jit`: the enclosing program runs under the mesh instead."""
     return make_update_step(
-        rl_objective(alg, graphs),
+        rl_objective(alg, graphs, group_size=group_size),
         make_optimizer(optim),
         epochs=alg.epochs,
         minibatches=alg.minibatches,
@@ -197,7 +204,9 @@ def _update_batch(spec: _Spec) -> Callable[..., Any]:
     """`(state, reference, Rollout, signal) -> (batch, advantage metrics)`: the forwards and
     `build_rl_batch` of `runner.loop._rl_step`."""
     alg = spec.algorithm
-    logprob = logprob_program(spec.graphs.policy, alg.temperature, alg.chunk_size)
+    logprob = logprob_program(
+        spec.graphs.policy, alg.temperature, alg.chunk_size, spec.forward_group
+    )
     batch_alg = alg
     if spec.combine == "decoupled":  # the signal is already group-normalised (as in the loop)
         batch_alg = dataclasses.replace(
@@ -246,7 +255,7 @@ def _dapo_metrics(signal: jax.Array, group_size: int, B: int) -> dict[str, jax.A
 def _build_iteration(spec: _Spec) -> Callable[..., Any]:
     scored = _scored_rollout(spec)
     build_batch = _update_batch(spec)
-    update = _update_step(spec.algorithm, spec.graphs, spec.optim)
+    update = _update_step(spec.algorithm, spec.graphs, spec.optim, spec.update_group)
     G = spec.sampling.num_samples
 
     def iteration(

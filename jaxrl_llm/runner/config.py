@@ -173,6 +173,10 @@ class TrainConfig:
       compilation_cache: JAX's persistent compilation cache directory, so that a second run
         of the same config skips compiling (`~` expanded; `runner.compilation_cache`); None:
         off. A cache directory set in the environment (`JAX_COMPILATION_CACHE_DIR`) wins.
+      shared_prompt_forward: RL on one device: the log-prob forwards and (with one minibatch
+        and one micro-batch, `parallel: jit`) the update run each prompt once per layer for
+        its `G` samples (`Decoder.shared_prompt_hidden_states`; the same log-probs and
+        gradients up to float rounding, fewer FLOPs, a longer compile of the update).
 
     Examples:
       >>> build(TrainConfig, {"steps": 3, "eval_pass_k": [1, 4]}).eval_pass_k
@@ -192,6 +196,7 @@ class TrainConfig:
     max_consecutive_skips: int = 3
     compiled_iterations: int | None = None
     compilation_cache: str | None = "~/.cache/jaxrl_llm/jax"
+    shared_prompt_forward: bool = True
 
     def __post_init__(self) -> None:
         minimum = {

@@ -64,7 +64,12 @@ from jaxrl_llm.runner.health import (
 )
 from jaxrl_llm.runner.models import export_policy
 from jaxrl_llm.runner.preference import _preference_step
-from jaxrl_llm.runner.programs import advantage_program, logprob_program, value_program
+from jaxrl_llm.runner.programs import (
+    advantage_program,
+    logprob_program,
+    prompt_group_size,
+    value_program,
+)
 from jaxrl_llm.runner.rollout import collect, forward_in_row_groups
 from jaxrl_llm.runner.setup import PreparedRun, prepare_run
 from jaxrl_llm.runner.signals import GracefulStop
@@ -97,7 +102,12 @@ def _rl_step(
     forward_start = time.perf_counter()
     seqs = collected.sequences
     policy_params, policy_frozen = state.params["policy"], state.frozen["policy"]
-    logprob = logprob_program(ctx.graphs.policy, alg.temperature, alg.chunk_size)
+    logprob = logprob_program(
+        ctx.graphs.policy,
+        alg.temperature,
+        alg.chunk_size,
+        prompt_group_size(config, ctx.mesh, update=False),
+    )
     batch_alg = alg
     if config.rewards.combine == "decoupled":  # the signal is already group-normalised
         batch_alg = dataclasses.replace(

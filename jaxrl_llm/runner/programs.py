@@ -98,9 +98,37 @@ def rollout_program(
     return jax.jit(run)
 
 
+def prompt_group_size(config: Any, mesh: Any, *, update: bool) -> int:
+    """Rows per shared prompt of the RL run's forwards: `G = sampling.num_samples` where each
+    prompt can run once per layer (`train.shared_prompt_forward`,
+    `Decoder.shared_prompt_hidden_states`), else 1.
+
+    The rollout batch is prompt-major (row `b·G + g`), and the log-prob forwards and row groups
+    take contiguous whole prompts, so `G` applies to them on one device. The update also
+    needs every loss call to see whole groups: `parallel: jit` with one minibatch and one
+    micro-batch (minibatches and micro-batches take strided rows).
+
+    Examples:
+      >>> from types import SimpleNamespace as NS
+      >>> config = NS(kind="rl", parallel="jit", train=NS(shared_prompt_forward=True),
+      ...             sampling=NS(num_samples=8), optim=NS(accumulation_steps=1),
+      ...             algorithm=NS(minibatches=2))
+      >>> prompt_group_size(config, NS(size=1), update=False)
+      8
+      >>> prompt_group_size(config, NS(size=1), update=True)  # strided minibatches
+      1
+    """
+    if config.kind != "rl" or not config.train.shared_prompt_forward or mesh.size != 1:
+        return 1
+    parts = config.algorithm.minibatches * config.optim.accumulation_steps
+    if update and (config.parallel != "jit" or parts > 1):
+        return 1
+    return config.sampling.num_samples
+
+
 @functools.lru_cache(maxsize=_CACHE_SIZE)
 def logprob_program(
-    graphdef: Any, temperature: float, chunk_size: int | None
+    graphdef: Any, temperature: float, chunk_size: int | None, group_size: int = 1
 ) -> Callable[..., Any]:
     """The cached `make_logprob_fn` of a policy graph (old-policy and reference forwards).
 
@@ -108,7 +136,9 @@ def logprob_program(
       >>> logprob_program(None, 1.0, None) is logprob_program(None, 1.0, None)
       True
     """
-    return make_logprob_fn(graphdef, temperature=temperature, chunk_size=chunk_size)
+    return make_logprob_fn(
+        graphdef, temperature=temperature, chunk_size=chunk_size, group_size=group_size
+    )
 
 
 @functools.lru_cache(maxsize=_CACHE_SIZE)
@@ -151,6 +181,7 @@ def update_program(
     state: Any,
     parallel: str = "jit",
     row_groups: int = 1,
+    group_size: int = 1,
 ) -> Callable[..., Any]:
     """The compiled, donated update step of an RL algorithm, SFT or a preference loss, with
     non-finite skipping.
@@ -159,7 +190,8 @@ def update_program(
     (`train_state_shardings`). `parallel="pmap"`: the data-parallel step
     (`jaxrl_llm.train.parallel.make_data_parallel_update_step`; the mesh must have
     fsdp = tensor = 1), the state replicated. Cached by `(objective_config, graphs, optim,
-    mesh, parallel, row_groups)` plus the state's structure, which fix the shardings.
+    mesh, parallel, row_groups, group_size)` plus the state's structure, which fix the
+    shardings.
 
     `row_groups > 1` (an RL algorithm with one optimizer update per batch, `parallel="jit"`
     on a mesh of one device): the gradient is computed in that many row groups from host
@@ -173,6 +205,7 @@ def update_program(
       state: a `TrainState` (concrete or abstract) of the run.
       parallel: "jit" or "pmap" (the run's `parallel:`).
       row_groups: row groups of the gradient (1: one program over the whole batch).
+      group_size: rows per shared prompt of an RL objective (`prompt_group_size`).
 
     Returns:
       `step(state, batch) -> (state, metrics)`; metrics include `optim/skipped` and the
@@ -194,7 +227,8 @@ def update_program(
     """
     if parallel not in ("jit", "pmap"):
         raise ValueError(f"update_program: `parallel` must be 'jit' or 'pmap', got {parallel!r}.")
-    key = (objective_config, graphs, optim, mesh, parallel, row_groups, jax.tree.structure(state))
+    key = (objective_config, graphs, optim, mesh, parallel, row_groups, group_size)
+    key += (jax.tree.structure(state),)
     if key in _UPDATE_CACHE:
         return _UPDATE_CACHE[key]
     optimizer = make_optimizer(optim)
@@ -204,7 +238,7 @@ def update_program(
     elif isinstance(objective_config, PreferenceConfig):
         objective = preference_objective(objective_config, graphs)
     else:
-        objective = rl_objective(objective_config, graphs)
+        objective = rl_objective(objective_config, graphs, group_size=group_size)
         controller = kl_controller(objective_config.kl)
     schedule = {
         "epochs": objective_config.epochs,

@@ -33,7 +33,7 @@ from jaxrl_llm.runner.context import RunContext
 from jaxrl_llm.runner.health import SkipTracker
 from jaxrl_llm.runner.models import build_critic, build_policy, check_vocabulary, run_tokenizer
 from jaxrl_llm.runner.preference import load_preference_examples
-from jaxrl_llm.runner.programs import update_program
+from jaxrl_llm.runner.programs import prompt_group_size, update_program
 from jaxrl_llm.runner.task import load_task
 from jaxrl_llm.runner.warm_start import warm_start_policy
 from jaxrl_llm.sampler.row_groups import call_flops, resolve_row_groups
@@ -310,7 +310,14 @@ def build_context(
     objective = algorithm or config.sft or config.preference
     groups = update_row_groups(config, task, params["policy"], mesh)
     update = update_program(
-        objective, graphs, config.optim, mesh, state, config.parallel, row_groups=groups
+        objective,
+        graphs,
+        config.optim,
+        mesh,
+        state,
+        config.parallel,
+        row_groups=groups,
+        group_size=prompt_group_size(config, mesh, update=True),
     )
     functions = [] if config.rewards.jax_native else config.rewards.resolve()
     context = RunContext(

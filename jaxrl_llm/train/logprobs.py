@@ -31,12 +31,15 @@ from jaxrl_llm.models import ValueModel, positions_from_mask
 from jaxrl_llm.train.batch import SequenceBatch, check_sequence_batch, prompt_length
 
 
-def completion_hidden(model: Any, batch: Any) -> jax.Array:
+def completion_hidden(model: Any, batch: Any, *, group_size: int = 1) -> jax.Array:
     """Final-normed hidden states `[N,T,D]` that predict the completion tokens (no logits).
 
     Args:
       model: a `Decoder` (or anything with `hidden_states(tokens, positions, attention_mask=)`).
       batch: a batch with `tokens[N,S]`, `attention_mask[N,S]` and `completion_mask[N,T]`.
+      group_size: `G > 1` when the rows come in groups of `G` consecutive rows with the same
+        prompt (the sampler's `G` samples per prompt): each prompt then runs once per layer
+        (`Decoder.shared_prompt_hidden_states`; the same states up to float rounding).
 
     Returns:
       `hidden[:, P−1 : P−1+T]` in the model's compute dtype.
@@ -54,7 +57,13 @@ def completion_hidden(model: Any, batch: Any) -> jax.Array:
     T = batch.completion_mask.shape[1]
     P = prompt_length(batch)
     mask = batch.attention_mask.astype(jnp.int32)
-    hidden = model.hidden_states(batch.tokens, positions_from_mask(mask), attention_mask=mask)
+    positions = positions_from_mask(mask)
+    if group_size == 1:
+        hidden = model.hidden_states(batch.tokens, positions, attention_mask=mask)
+    else:
+        hidden = model.shared_prompt_hidden_states(
+            batch.tokens, positions, attention_mask=mask, prompt_length=P, group_size=group_size
+        )
     return hidden[:, P - 1 : P - 1 + T]
 
 
@@ -144,6 +153,7 @@ def completion_logprobs(
     temperature: float = 1.0,
     chunk_size: int | None = None,
     with_entropy: bool = False,
+    group_size: int = 1,
 ) -> tuple[jax.Array, jax.Array | None, jax.Array]:
     """Forward pass of a policy over a batch: completion log-probs, entropies and hidden states.
 
@@ -153,6 +163,7 @@ def completion_logprobs(
       temperature: the sampling temperature τ.
       chunk_size: positions per vocabulary chunk.
       with_entropy: also compute the entropy.
+      group_size: rows per shared prompt (`completion_hidden`).
 
     Returns:
       `(logp[N,T], entropy[N,T] or None, hidden[N,T,D])`; the hidden states feed a value head.
@@ -168,7 +179,7 @@ def completion_logprobs(
       >>> lp.round(3).tolist()
       [[-0.02, -0.02, 0.0]]
     """
-    hidden = completion_hidden(model, batch)
+    hidden = completion_hidden(model, batch, group_size=group_size)
     P = prompt_length(batch)
     targets = batch.tokens[:, P:]
     mask = (batch.completion_mask > 0).astype(jnp.float32)
@@ -184,7 +195,9 @@ def completion_logprobs(
     return logp, entropy, hidden
 
 
-def critic_values(value_model: Any, batch: Any, *, hidden: jax.Array | None = None) -> jax.Array:
+def critic_values(
+    value_model: Any, batch: Any, *, hidden: jax.Array | None = None, group_size: int = 1
+) -> jax.Array:
     """Critic values `V[N,T]` of the states before each completion token (0 outside the mask).
 
     A `ValueModel` runs its own forward and is read at `P − 1 + t`; a `ValueHead` is applied to
@@ -194,6 +207,7 @@ def critic_values(value_model: Any, batch: Any, *, hidden: jax.Array | None = No
       value_model: a `ValueModel` or a `ValueHead`.
       batch: the batch.
       hidden: `[N,T,D]` policy hidden states; required for a `ValueHead`.
+      group_size: rows per shared prompt of a `ValueModel`'s forward (`completion_hidden`).
 
     Returns:
       `[N,T]` float32.
@@ -207,7 +221,8 @@ def critic_values(value_model: Any, batch: Any, *, hidden: jax.Array | None = No
     """
     mask = batch.completion_mask > 0
     if isinstance(value_model, ValueModel):  # its own forward pass
-        values = value_model.head(completion_hidden(value_model.backbone, batch))
+        backbone = completion_hidden(value_model.backbone, batch, group_size=group_size)
+        values = value_model.head(backbone)
     else:
         if hidden is None:
             raise ValueError("critic_values: a ValueHead needs the policy's `hidden` states.")
@@ -216,7 +231,11 @@ def critic_values(value_model: Any, batch: Any, *, hidden: jax.Array | None = No
 
 
 def make_logprob_fn(
-    graphdef: Any, *, temperature: float = 1.0, chunk_size: int | None = None
+    graphdef: Any,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int | None = None,
+    group_size: int = 1,
 ) -> Callable[[Any, Any, SequenceBatch], jax.Array]:
     """A jitted forward `(params, frozen, batch) -> logp[N,T]` of one policy graph.
 
@@ -228,6 +247,8 @@ def make_logprob_fn(
       graphdef: `ModelGraphs.policy`.
       temperature: the sampling temperature τ.
       chunk_size: positions per vocabulary chunk.
+      group_size: rows per shared prompt (`completion_hidden`): the batches it is called on
+        must come in groups of this many rows with the same prompt.
 
     Returns:
       The jitted function; it returns float32 log-probs, 0 outside the completion mask.
@@ -247,7 +268,7 @@ def make_logprob_fn(
     def forward(params: Any, frozen: Any, batch: SequenceBatch) -> jax.Array:
         model = nnx.merge(graphdef, params, frozen)
         logp, _, _ = completion_logprobs(
-            model, batch, temperature=temperature, chunk_size=chunk_size
+            model, batch, temperature=temperature, chunk_size=chunk_size, group_size=group_size
         )
         return logp
 

@@ -50,13 +50,14 @@ class Objective(NamedTuple):
     loss: Callable[..., tuple[jax.Array, dict[str, jax.Array]]]
     normalizers: Callable[[Any], Normalizers]
     check: Callable[[Any, int], None]
+    group_size: int = 1  # the loss assumes groups of this many consecutive rows share a prompt
 
 
 def _normalizers(batch: Any) -> Normalizers:
     return count_normalizers(batch.completion_mask)
 
 
-def rl_objective(config: AlgorithmConfig, graphs: ModelGraphs) -> Objective:
+def rl_objective(config: AlgorithmConfig, graphs: ModelGraphs, *, group_size: int = 1) -> Objective:
     """The objective of a policy-gradient algorithm over `RLBatch`es (`algorithms.rl_loss`).
 
     The policy runs one forward pass; log-probs and entropies are computed chunk by chunk from
@@ -66,6 +67,10 @@ def rl_objective(config: AlgorithmConfig, graphs: ModelGraphs) -> Objective:
     Args:
       config: the algorithm.
       graphs: the model graphs from `split_models` (with a `value` graph iff `config.critic`).
+      group_size: `G > 1` when every batch the loss sees comes in groups of `G` consecutive
+        rows with the same prompt (one optimizer update per batch: minibatches and
+        micro-batches take strided rows): each prompt then runs once per layer in the forward
+        passes (`logprobs.completion_hidden`); the same loss up to float rounding.
 
     Returns:
       An `Objective`.
@@ -96,6 +101,7 @@ def rl_objective(config: AlgorithmConfig, graphs: ModelGraphs) -> Objective:
             temperature=config.temperature,
             chunk_size=config.chunk_size,
             with_entropy=True,
+            group_size=group_size,
         )
         values = None
         if config.critic is not None:
@@ -106,7 +112,7 @@ def rl_objective(config: AlgorithmConfig, graphs: ModelGraphs) -> Objective:
                     f"rl_objective: critic.kind={config.critic.kind!r} expects a "
                     f"{expected.__name__}, got {type(critic).__name__}."
                 )
-            values = critic_values(critic, batch, hidden=hidden)
+            values = critic_values(critic, batch, hidden=hidden, group_size=group_size)
         return rl_loss(
             config, batch, norms, logp=logp, entropy=entropy, values=values, kl_coef=kl_coef
         )
@@ -116,6 +122,11 @@ def rl_objective(config: AlgorithmConfig, graphs: ModelGraphs) -> Objective:
         if not isinstance(batch, RLBatch):
             raise ValueError(f"{where}: expected an RLBatch, got {type(batch).__name__}.")
         check_rl_batch(batch, where=where)
+        if batch.tokens.shape[0] % group_size:  # (the whole batch, or one device's rows)
+            raise ValueError(
+                f"{where}: {batch.tokens.shape[0]} rows do not form groups of group_size = "
+                f"{group_size} rows sharing a prompt."
+            )
         if batch.old_logp is None and updates_per_step > 1:
             raise ValueError(
                 f"{where}: `old_logp` may be None only with one optimizer update per step "
@@ -129,7 +140,7 @@ def rl_objective(config: AlgorithmConfig, graphs: ModelGraphs) -> Objective:
         if config.rollout_correction is not None and batch.rollout_logp is None:
             raise ValueError(f"{where}: `rollout_correction` needs `rollout_logp` in the batch.")
 
-    return Objective(loss=loss, normalizers=_normalizers, check=check)
+    return Objective(loss=loss, normalizers=_normalizers, check=check, group_size=group_size)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

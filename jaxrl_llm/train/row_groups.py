@@ -233,6 +233,11 @@ def make_row_group_update_step(
                 "groups."
             )
         rows = N // groups
+        if rows % objective.group_size:
+            raise ValueError(
+                f"{where}: each of the {groups} row groups has {rows} rows, not whole groups "
+                f"of the objective's group_size = {objective.group_size} rows sharing a prompt."
+            )
 
         def group(j: int) -> tuple[Any, MicroStats]:
             start = jnp.int32(j * rows)

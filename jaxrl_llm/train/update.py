@@ -300,6 +300,12 @@ def update_step(
             f"{where}: the batch has N = {N} {held}, not divisible into minibatches × "
             f"accumulation_steps = {minibatches} × {k} = {parts} equal micro-batches."
         )
+    if parts > 1 and objective.group_size > 1:
+        raise ValueError(
+            f"{where}: the objective shares each prompt over group_size = "
+            f"{objective.group_size} consecutive rows, but minibatches × accumulation_steps = "
+            f"{parts} micro-batches take strided rows; build it with group_size=1."
+        )
     if (k > 1) != isinstance(state.opt_state, optax.MultiStepsState):
         raise ValueError(
             f"{where}: accumulation_steps = {k} must match the optimizer (an optax.MultiSteps "

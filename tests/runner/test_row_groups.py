@@ -1,4 +1,5 @@
-"""`sampling.row_groups` in the runner: the same training steps and evaluation as one call.
+"""`sampling.row_groups` and `train.shared_prompt_forward` in the runner: the same training
+steps and evaluation as one call over the plain forward.
 
 The run: the tiny GRPO run of the runner tests with 4 prompts per step (2 samples each), half of
 the byte ids as stop tokens so that completion lengths vary; steps, metrics and the final state
@@ -15,6 +16,7 @@ import numpy as np
 import pytest
 
 from jaxrl_llm.runner import evaluate_policy, load_run_config, loop, prepare_run
+from jaxrl_llm.runner.programs import prompt_group_size
 from jaxrl_llm.runner.setup import update_row_groups
 from tests.runner.helpers import CONFIGS, TINY
 
@@ -30,9 +32,11 @@ RUN = [
 ]
 
 
-def _steps(tmp_path, groups):
+def _steps(tmp_path, groups, *overrides):
     run_dir = tmp_path / f"groups{groups}"
-    config = load_run_config(GRPO, [*RUN, f"sampling.row_groups={groups}"], run_dir=run_dir)
+    config = load_run_config(
+        GRPO, [*RUN, f"sampling.row_groups={groups}", *overrides], run_dir=run_dir
+    )
     prepared = prepare_run(config)
     prepared.checkpointer.close()
     ctx, state, data = prepared.context, prepared.state, prepared.data
@@ -52,9 +56,9 @@ def one_call(tmp_path_factory):
     return _steps(tmp_path_factory.mktemp("one"), 1)
 
 
-def test_two_groups_train_and_evaluate_like_one_call(one_call, tmp_path):
-    history, params, evaluation = _steps(tmp_path, 2)
-    history_1, params_1, evaluation_1 = one_call
+def _assert_same_run(run, run_1):
+    history, params, evaluation = run
+    history_1, params_1, evaluation_1 = run_1
     assert history[0]["rollout/completion_tokens"] < 4 * 2 * 4  # some rows stopped early
     assert history[0]["adv/std"] > 0  # the batch has a learning signal
     assert [h.keys() for h in history] == [h.keys() for h in history_1]
@@ -64,6 +68,19 @@ def test_two_groups_train_and_evaluate_like_one_call(one_call, tmp_path):
     for a, b in zip(params, params_1, strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
     assert evaluation == evaluation_1  # greedy and sampled accuracies, pass@k: exactly
+
+
+def test_two_groups_train_and_evaluate_like_one_call(one_call, tmp_path):
+    _assert_same_run(_steps(tmp_path, 2), one_call)
+
+
+def test_the_shared_prompt_forward_trains_like_the_plain_forward(one_call, tmp_path):
+    config = load_run_config(GRPO, RUN, run_dir=tmp_path)
+    mesh = SimpleNamespace(size=1)
+    assert prompt_group_size(config, mesh, update=True) == 2  # `one_call` shares the prompts
+    assert prompt_group_size(config, SimpleNamespace(size=2), update=False) == 1
+    plain = _steps(tmp_path, 1, "train.shared_prompt_forward=false")
+    _assert_same_run(plain, one_call)
 
 
 @pytest.mark.parametrize(

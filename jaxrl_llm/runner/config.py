@@ -176,7 +176,7 @@ class TrainConfig:
       shared_prompt_forward: RL on one device: the log-prob forwards and (with one minibatch
         and one micro-batch, `parallel: jit`) the update run each prompt once per layer for
         its `G` samples (`Decoder.shared_prompt_hidden_states`; the same log-probs and
-        gradients up to float rounding, fewer FLOPs, a longer compile of the update).
+        gradients up to float rounding; `runner.prompt_group_size`).
 
     Examples:
       >>> build(TrainConfig, {"steps": 3, "eval_pass_k": [1, 4]}).eval_pass_k

@@ -172,9 +172,12 @@ def update_alone(ctx, state, data, step: int, repeat: int, memory: bool) -> tupl
     import jax
 
     from jaxrl_llm.runner.compiled import _update_step
+    from jaxrl_llm.runner.programs import prompt_group_size
 
     batch = _update_batch(ctx, state, data, step)
-    lowered = _update_step(ctx.config.algorithm, ctx.graphs, ctx.config.optim).lower(state, batch)
+    group_size = prompt_group_size(ctx.config, ctx.mesh, update=True)
+    update = _update_step(ctx.config.algorithm, ctx.graphs, ctx.config.optim, group_size)
+    lowered = update.lower(state, batch)
     cost = lowered.cost_analysis()
     cost = cost[0] if isinstance(cost, list | tuple) else cost
     sizes = {}

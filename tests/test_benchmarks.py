@@ -1,0 +1,35 @@
+"""The GRPO benchmark's worker runs our two forms end to end on the tiny workload.
+
+A smoke test of `benchmarks/grpo_worker.py` as `bench_grpo` starts it (a subprocess printing
+one `RESULT` line): it builds on the runner's internals (the update step, the log-prob forward),
+so a change there must not leave `make bench` broken. Nothing here is timed or compared.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+WORKLOAD = {"model": "tiny", "prompts": 2, "samples": 4, "new_tokens": 16}
+
+
+@pytest.mark.parametrize("mode", ["scaling", "compiled"])
+def test_the_grpo_worker_reports_a_result(mode):
+    command = [sys.executable, "-m", "benchmarks.grpo_worker", "ours", json.dumps(WORKLOAD)]
+    command += [mode, "2", "2", "none"]  # 2 steps, chunks of 2, no persistent cache
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert len(lines) == 1, done.stdout[-3000:]
+    result = json.loads(lines[0].removeprefix("RESULT "))
+    assert result["workload"] == WORKLOAD
+    assert result["seconds_per_step"] > 0 and result["time_to_first_step_s"] > 0
+    if mode == "scaling":  # the loop, the update step alone and XLA's memory analysis
+        assert result["update"]["median_s"] > 0
+        assert result["update"]["xla_temp_mb"] > 0
+        assert set(result["phases_median_s"]) >= {"sample_s", "forward_s", "update_s"}
+    else:
+        assert result["iterations_per_call"] == 2

@@ -282,10 +282,10 @@ class Decoder(nnx.Module):
         gradients flow to the shared prompt from all `G` rows. The norms, projections and MLP
         run once per layer on the `B·P + N·(S − P)` tokens of both parts (instead of `N·S`),
         laid out as blocks of `TOKEN_BLOCK` tokens (`_TokenBlocks`); only attention splits
-        them. Only where the model builds the plain
-        program (`plain_layout()`: no mesh or a mesh of one device) and `G > 1`; otherwise
-        this is `hidden_states`. The caller guarantees the shared prompts (they are not
-        compared: that would cost a pass over the tokens).
+        them. Only where the model builds the plain program (`plain_layout()`: no mesh or a
+        mesh of one device) and `G > 1`; otherwise this is `hidden_states`. The caller
+        guarantees the shared prompts (they are not compared: that would cost a pass over
+        the tokens).
 
         Args:
           tokens: `[N, S]` token ids, `N` a multiple of `group_size`.

@@ -213,7 +213,7 @@ def _update_batch(spec: _Spec) -> Callable[..., Any]:
             alg, advantage=dataclasses.replace(alg.advantage, scale="none")
         )
     advantages = advantage_program(batch_alg, spec.sampling.num_samples)
-    values_of = value_program(spec.graphs) if alg.critic is not None else None
+    values_of = value_program(spec.graphs, spec.forward_group) if alg.critic is not None else None
     reuses_batch = alg.epochs * alg.minibatches > 1
 
     def build(state: Any, reference: Any, out: Any, signal: jax.Array) -> Any:

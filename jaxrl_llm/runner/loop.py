@@ -102,12 +102,8 @@ def _rl_step(
     forward_start = time.perf_counter()
     seqs = collected.sequences
     policy_params, policy_frozen = state.params["policy"], state.frozen["policy"]
-    logprob = logprob_program(
-        ctx.graphs.policy,
-        alg.temperature,
-        alg.chunk_size,
-        prompt_group_size(config, ctx.mesh, update=False),
-    )
+    forward_group = prompt_group_size(config, ctx.mesh, update=False)
+    logprob = logprob_program(ctx.graphs.policy, alg.temperature, alg.chunk_size, forward_group)
     batch_alg = alg
     if config.rewards.combine == "decoupled":  # the signal is already group-normalised
         batch_alg = dataclasses.replace(
@@ -125,7 +121,11 @@ def _rl_step(
             if alg.kl.mode != "none"
             else None
         )
-        values = value_program(ctx.graphs)(state.params, state.frozen, seqs) if alg.critic else None
+        values = (
+            value_program(ctx.graphs, forward_group)(state.params, state.frozen, seqs)
+            if alg.critic
+            else None
+        )
         batch, adv_metrics = advantage_program(batch_alg, ctx.sampling.num_samples)(
             tokens=seqs.tokens,
             attention_mask=seqs.attention_mask,

@@ -142,8 +142,9 @@ def logprob_program(
 
 
 @functools.lru_cache(maxsize=_CACHE_SIZE)
-def value_program(graphs: ModelGraphs) -> Callable[..., Any]:
-    """The cached `make_value_fn` of the critic (the old values of PPO).
+def value_program(graphs: ModelGraphs, group_size: int = 1) -> Callable[..., Any]:
+    """The cached `make_value_fn` of the critic (the old values of PPO), with `group_size`
+    rows per shared prompt (`prompt_group_size`).
 
     Examples:
       >>> value_program(ModelGraphs(policy=None))
@@ -151,7 +152,7 @@ def value_program(graphs: ModelGraphs) -> Callable[..., Any]:
       ...
       ValueError: make_value_fn: `graphs.value` is None (no critic was split).
     """
-    return make_value_fn(graphs)
+    return make_value_fn(graphs, group_size=group_size)
 
 
 @functools.lru_cache(maxsize=_CACHE_SIZE)

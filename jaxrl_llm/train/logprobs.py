@@ -275,7 +275,9 @@ def make_logprob_fn(
     return jax.jit(forward)
 
 
-def make_value_fn(graphs: Any) -> Callable[[dict, dict, SequenceBatch], jax.Array]:
+def make_value_fn(
+    graphs: Any, *, group_size: int = 1
+) -> Callable[[dict, dict, SequenceBatch], jax.Array]:
     """A jitted critic forward `(params, frozen, batch) -> values[N,T]` (the "old values").
 
     `params` and `frozen` are the dicts of `split_models` / `TrainState` (keys "policy", "value"):
@@ -283,6 +285,8 @@ def make_value_fn(graphs: Any) -> Callable[[dict, dict, SequenceBatch], jax.Arra
 
     Args:
       graphs: `ModelGraphs` with a `value` graph.
+      group_size: rows per shared prompt (`completion_hidden`) of the critic's (or, for a
+        `ValueHead`, the policy backbone's) forward.
 
     Returns:
       The jitted function (float32 values, 0 outside the completion mask).
@@ -304,8 +308,9 @@ def make_value_fn(graphs: Any) -> Callable[[dict, dict, SequenceBatch], jax.Arra
     def forward(params: dict, frozen: dict, batch: SequenceBatch) -> jax.Array:
         critic = nnx.merge(graphs.value, params["value"], frozen["value"])
         if isinstance(critic, ValueModel):
-            return critic_values(critic, batch)
+            return critic_values(critic, batch, group_size=group_size)
         policy = nnx.merge(graphs.policy, params["policy"], frozen["policy"])
-        return critic_values(critic, batch, hidden=completion_hidden(policy, batch))
+        hidden = completion_hidden(policy, batch, group_size=group_size)
+        return critic_values(critic, batch, hidden=hidden)
 
     return jax.jit(forward)

@@ -52,6 +52,18 @@ def test_logprobs_of_shared_prompts_equal_the_plain_forward():
     assert float(jnp.min(plain)) < -1.0  # log-probs of a random policy, not all ≈ 0
 
 
+@pytest.mark.parametrize("kind", ["head", "model"])
+def test_critic_values_of_shared_prompts_equal_the_plain_forward(kind):
+    ppo = preset("ppo")
+    alg = dataclasses.replace(ppo, critic=dataclasses.replace(ppo.critic, kind=kind))
+    graphs, state = fresh_state(alg, make_optimizer(SGD))
+    seqs = grouped_sequences(jax.random.key(4))
+    plain = make_value_fn(graphs)(state.params, state.frozen, seqs)
+    shared = make_value_fn(graphs, group_size=G)(state.params, state.frozen, seqs)
+    np.testing.assert_allclose(np.asarray(shared), np.asarray(plain), rtol=1e-5, atol=1e-6)
+    assert float(jnp.max(jnp.abs(plain))) > 1e-3  # values of a random critic, not all 0
+
+
 def _two_steps(alg, group_size, groups=1):
     tx = make_optimizer(SGD)
     graphs, state = fresh_state(alg, tx)

@@ -334,8 +334,12 @@ class Decoder(nnx.Module):
             else attention_mask.astype(jnp.int32)
         )
 
+        full_masks: dict[int | None, Array] = {}  # one [N, S, S] mask per window, both parts
+
         def rows_of(window: int | None, prompt: bool) -> Array:
-            mask = kv_cache.full_attention_mask(segments, positions, window)  # [N, S, S]
+            if window not in full_masks:
+                full_masks[window] = kv_cache.full_attention_mask(segments, positions, window)
+            mask = full_masks[window]
             return mask[::G, :P, :P] if prompt else mask[:, P:]
 
         prompt_in = self._per_layer_inputs(

@@ -51,6 +51,7 @@ from jaxrl_llm.models.layers import (
     Block,
     RMSNorm,
     attend,
+    chunked_attend,
     make_param,
     rope_angles,
     rope_inv_freq,
@@ -137,6 +138,11 @@ TOKEN_BLOCK = 8
 """Tokens per block of `_TokenBlocks` (4 to 64 ran equally fast on the benchmark models)."""
 
 
+def _check_attention_chunk(chunk: Any) -> None:
+    if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
+        raise ValueError(f"Decoder: attention_chunk must be None or an int >= 1, got {chunk!r}.")
+
+
 def _check_inputs(tokens: Array, positions: Array, mask: Array | None, mask_name: str) -> None:
     if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
         raise ValueError(
@@ -168,6 +174,12 @@ class Decoder(nnx.Module):
         recomputation: the small benchmark model's GRPO update step takes ≈ 20–25 % less time
         with "dots" than with "none", and "full" sits in between (docs/performance.md).
       lm_head: False drops the output projection of an untied model (a critic backbone).
+      attention_chunk: None (default) attends all queries at once; an int `C` attends them in
+        blocks of `C` queries (`layers.chunked_attend`) in the forwards without a cache, so
+        the float32 attention logits and probabilities take `[N, H, C, T]` at a time instead
+        of `[N, H, S, T]` in the forward and the backward pass (which recomputes them block
+        by block): memory linear in the sequence length instead of quadratic, for ≈ one more
+        attention forward in the backward pass (docs/models.md).
       rngs: initialisation keys.
 
     Examples:
@@ -187,10 +199,12 @@ class Decoder(nnx.Module):
         param_dtype: Any = jnp.float32,
         remat: Remat = "dots",
         lm_head: bool = True,
+        attention_chunk: int | None = None,
         rngs: nnx.Rngs,
     ):
         if remat not in ("none", "full", "dots"):
             raise ValueError(f"Decoder: remat must be 'none', 'full' or 'dots', got {remat!r}.")
+        _check_attention_chunk(attention_chunk)
         V, D = config.vocab_size, config.hidden_size
         self.embed = make_param(rngs.params(), (V, D), ("vocab", "embed"), param_dtype, "normal")
         self.layers = _stacked_blocks(config, dtype, param_dtype, rngs)
@@ -210,6 +224,13 @@ class Decoder(nnx.Module):
         self.dtype = dtype
         self.param_dtype = param_dtype
         self.remat = remat
+        self.attention_chunk = attention_chunk
+
+    def _attention(self) -> Any:
+        """The attention of the forwards without a cache: `attend`, or in query blocks."""
+        if self.attention_chunk is None:
+            return attend
+        return functools.partial(chunked_attend, chunk=self.attention_chunk)
 
     # ----------------------------------------------------------------------------- public API
 
@@ -362,8 +383,9 @@ class Decoder(nnx.Module):
             def after_prompt(shared: Array, own: Array) -> Array:
                 return jnp.concatenate([jnp.repeat(shared, G, axis=0), own], axis=1)
 
-            out_p = attend(q_p, k_p, v_p, mask[0], **kw)
-            out_c = attend(q_c, after_prompt(k_p, k_c), after_prompt(v_p, v_c), mask[1], **kw)
+            attention = self._attention()
+            out_p = attention(q_p, k_p, v_p, mask[0], **kw)
+            out_c = attention(q_c, after_prompt(k_p, k_c), after_prompt(v_p, v_c), mask[1], **kw)
             return blocks.join(out_p, out_c)
 
         def body(x: Array, xs: Any) -> tuple[Array, None]:
@@ -517,6 +539,7 @@ class Decoder(nnx.Module):
         """
         angles, masks, sliding = self._per_layer_inputs(positions, mask_fn)
         mixed = isinstance(masks, tuple)
+        attention = self._attention() if kv is None else attend
         graphdef, state = nnx.split(self.layers)
         starts = None if kv is None else kv[2]
 
@@ -539,7 +562,7 @@ class Decoder(nnx.Module):
                     v_read = jnp.transpose(v_buf, (0, 3, 1, 2))
                     return k_read, v_read, (k_buf, v_buf)
 
-            return block(x, sin, cos, mask, write)
+            return block(x, sin, cos, mask, write, attention=attention)
 
         kv_xs = None if kv is None else (kv[0], kv[1])
         return jax.lax.scan(self._remat(body), x, (state, sliding, kv_xs), unroll=unroll)

@@ -145,6 +145,7 @@ def from_pretrained(
     mesh: Mesh | None = None,
     rules: Rules = LOGICAL_AXIS_RULES,
     remat: Remat = "dots",
+    attention_chunk: int | None = None,
     head: Literal["lm", "value"] = "lm",
     seed: int = 0,
 ) -> Decoder | ValueModel:
@@ -159,6 +160,8 @@ def from_pretrained(
         `None` puts everything on the default device.
       rules: logical-axis rule table (`sharding.LOGICAL_AXIS_RULES` by default).
       remat: the model's rematerialisation policy (see `Decoder`).
+      attention_chunk: queries per attention block in the forwards without a cache (see
+        `Decoder`); None attends all at once.
       head: "lm" for a causal LM; "value" for a `ValueModel`, whose head is the checkpoint's
         `score.weight` (a `*ForSequenceClassification` reward model) or, when absent (a critic
         started from a policy checkpoint, whose `lm_head.weight` is then not loaded), a fresh
@@ -194,7 +197,12 @@ def from_pretrained(
         ignore = {"lm_head.weight"} if (config.tie_embeddings or head == "value") else set()
         check_names(to_load, set(handles), L, ignore=ignore)
         _check_shapes(to_load, handles, L)
-        kwargs = {"dtype": dtype, "param_dtype": param_dtype, "remat": remat}
+        kwargs = {
+            "dtype": dtype,
+            "param_dtype": param_dtype,
+            "remat": remat,
+            "attention_chunk": attention_chunk,
+        }
         # shapes only: outside any ambient mesh, whose axes are not the logical names in the
         # variables' metadata (`nnx.eval_shape` would read them as mesh axes)
         with jax.set_mesh(None):

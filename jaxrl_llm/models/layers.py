@@ -36,6 +36,7 @@ from jaxrl_llm.models._sharded_ops import (
     unsharded,
 )
 from jaxrl_llm.models.config import ModelConfig, RopeConfig
+from jaxrl_llm.models.position_chunks import map_position_chunks
 from sharding import shard
 
 Array = jax.Array
@@ -211,6 +212,54 @@ def attend(
         return shard(out, ("batch", "length", "heads", "head_dim"))
     out = jnp.einsum("nkgst,ntkh->nskgh", probs, v)
     return reshape(out, (N, S, H, Hd), ("batch", "length", "heads", "head_dim"))
+
+
+def chunked_attend(
+    q: Array,
+    k: Array,
+    v: Array,
+    mask: Array,
+    *,
+    scale: float,
+    softcap: float | None,
+    chunk: int,
+) -> Array:
+    """`attend` over blocks of `chunk` queries, each block recomputed in the backward pass.
+
+    Query-chunked attention (the query blocking of Rabe & Staats 2021, "Self-attention Does
+    Not Need O(n²) Memory", arXiv:2112.05682): softmax attention normalises each query's
+    row over the keys, so splitting the `S` queries into blocks of `C = chunk` rows and
+    attending each block to all `T` keys gives the same outputs row for row. A `lax.map`
+    runs the blocks one after another under `jax.checkpoint`, so the forward pass holds one
+    block's float32 logits and probabilities `[N, H, C, T]` instead of `[N, H, S, T]`, and
+    the backward pass recomputes them block by block (≈ one more attention forward) instead
+    of keeping them. The `[N, S, T]` boolean mask is still whole (1 byte per pair, against
+    ≥ 8·H bytes of logits and probabilities). `S` not a multiple of `C` is padded with
+    fully masked queries whose outputs are dropped. `S <= chunk` is `attend` itself.
+
+    Args:
+      q, k, v, mask, scale, softcap: as `attend` (`q [N, S, H, Hd]`, `k`, `v` `[N, T, K, Hd]`,
+        `mask [N, S, T]`).
+      chunk: queries per block, an int >= 1.
+
+    Returns:
+      `[N, S, H, Hd]`: `attend(q, k, v, mask, ...)` up to float32 rounding.
+
+    Examples:
+      >>> q, k = jnp.ones((1, 5, 2, 4)), jnp.ones((1, 5, 1, 4))
+      >>> v = jnp.arange(20.0).reshape(1, 5, 1, 4)
+      >>> mask = jnp.tril(jnp.ones((5, 5), bool))[None]
+      >>> out = chunked_attend(q, k, v, mask, scale=0.5, softcap=None, chunk=2)
+      >>> bool(jnp.allclose(out, attend(q, k, v, mask, scale=0.5, softcap=None)))
+      True
+    """
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise ValueError(f"chunked_attend: `chunk` must be an int >= 1, got {chunk!r}.")
+
+    def block(q_block: Array, mask_block: Array) -> Array:
+        return attend(q_block, k, v, mask_block, scale=scale, softcap=softcap)
+
+    return map_position_chunks(block, (q, mask), chunk)
 
 
 class Attention(nnx.Module):

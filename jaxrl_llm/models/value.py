@@ -60,10 +60,17 @@ class ValueModel(nnx.Module):
         dtype: Any = jnp.float32,
         param_dtype: Any = jnp.float32,
         remat: Remat = "dots",
+        attention_chunk: int | None = None,
         rngs: nnx.Rngs,
     ):
         self.backbone = Decoder(
-            config, dtype=dtype, param_dtype=param_dtype, remat=remat, lm_head=False, rngs=rngs
+            config,
+            dtype=dtype,
+            param_dtype=param_dtype,
+            remat=remat,
+            lm_head=False,
+            attention_chunk=attention_chunk,
+            rngs=rngs,
         )
         self.head = ValueHead(config.hidden_size, param_dtype=param_dtype, rngs=rngs)
         self.config = config

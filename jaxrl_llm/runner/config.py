@@ -60,6 +60,10 @@ class ModelSection:
       param_dtype: storage dtype of the parameters.
       remat: per-layer rematerialisation: "dots" (default: keep the matmul outputs, recompute
         the rest; the fastest on XLA:CPU), "full" or "none" (see `Decoder`).
+      attention_chunk: None (default) or an int: the training forwards attend in blocks of
+        this many queries, each recomputed in the backward pass (`Decoder`), so attention's
+        float32 logits and probabilities take memory linear in the sequence length instead
+        of quadratic; for long completions on accelerators (docs/models.md).
       trainable: regexes of the trainable parameter paths (`split_models`; () = all).
       frozen: regexes of parameter paths to freeze.
       critic_checkpoint: the PPO critic (`critic.kind: model`) from this checkpoint
@@ -83,6 +87,7 @@ class ModelSection:
     dtype: DType = "float32"
     param_dtype: DType = "float32"
     remat: Literal["none", "full", "dots"] = "dots"
+    attention_chunk: int | None = None
     trainable: tuple[str, ...] = ()
     frozen: tuple[str, ...] = ()
     critic_checkpoint: str | None = None
@@ -94,6 +99,11 @@ class ModelSection:
                 "model: set exactly one of `checkpoint` (a local Hugging Face directory) and "
                 f"`init` (a random architecture), got {got}."
             )
+        chunk = self.attention_chunk
+        if chunk is not None and (
+            isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1
+        ):
+            raise ConfigError(f"model.attention_chunk: must be null or an int >= 1, got {chunk!r}.")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

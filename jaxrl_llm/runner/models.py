@@ -1,6 +1,6 @@
 """The run's tokenizer and models: the policy (a checkpoint or a random init), the PPO critic.
 
-    policy   model.checkpoint → from_pretrained(dtype, param_dtype, remat)
+    policy   model.checkpoint → from_pretrained(dtype, param_dtype, remat, attention_chunk)
              model.init       → Decoder(init, rngs=Rngs(seed))
     critic   algorithm.critic.kind = "head"  → ValueHead(D, rngs=Rngs(seed + 1))
              algorithm.critic.kind = "model" → from_pretrained(model.critic_checkpoint or
@@ -90,6 +90,7 @@ def build_policy(config: RunConfig) -> Decoder:
         "dtype": DTYPES[section.dtype],
         "param_dtype": DTYPES[section.param_dtype],
         "remat": section.remat,
+        "attention_chunk": section.attention_chunk,
     }
     if section.checkpoint is not None:
         try:
@@ -121,7 +122,12 @@ def build_critic(config: RunConfig, policy: Decoder) -> nnx.Module | None:
                 policy.config.hidden_size, param_dtype=param_dtype, rngs=nnx.Rngs(config.seed + 1)
             )
         )
-    kwargs = {"dtype": DTYPES[section.dtype], "param_dtype": param_dtype, "remat": section.remat}
+    kwargs = {
+        "dtype": DTYPES[section.dtype],
+        "param_dtype": param_dtype,
+        "remat": section.remat,
+        "attention_chunk": section.attention_chunk,
+    }
     path = section.critic_checkpoint or section.checkpoint
     if path is None:
         return compiled_init(

@@ -23,11 +23,11 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 import losses
 from jaxrl_llm.models import ValueModel, positions_from_mask
+from jaxrl_llm.models.position_chunks import map_position_chunks
 from jaxrl_llm.train.batch import SequenceBatch, check_sequence_batch, prompt_length
 
 
@@ -65,28 +65,6 @@ def completion_hidden(model: Any, batch: Any, *, group_size: int = 1) -> jax.Arr
             batch.tokens, positions, attention_mask=mask, prompt_length=P, group_size=group_size
         )
     return hidden[:, P - 1 : P - 1 + T]
-
-
-def _map_positions(fn: Callable[..., Any], arrays: tuple[jax.Array, ...], chunk: int | None) -> Any:
-    """Apply `fn` to `[N,c,...]` position chunks of `[N,T,...]` arrays; join the `[N,c]` outputs."""
-    T = arrays[0].shape[1]
-    if chunk is None or chunk >= T:
-        return fn(*arrays)
-    K = -(-T // chunk)
-    starts = np.minimum(np.arange(K) * chunk, T - chunk).astype(np.int32)
-
-    def body(start: jax.Array) -> Any:
-        return fn(*(jax.lax.dynamic_slice_in_dim(a, start, chunk, axis=1) for a in arrays))
-
-    outs = jax.lax.map(jax.checkpoint(body, prevent_cse=False), jnp.asarray(starts))  # [K,N,c]
-
-    def join(out: jax.Array) -> jax.Array:
-        N = out.shape[1]
-        head = jnp.moveaxis(out[:-1], 0, 1).reshape(N, (K - 1) * chunk)
-        tail = out[-1][:, (K - 1) * chunk - (T - chunk) :]
-        return jnp.concatenate([head, tail], axis=1)
-
-    return jax.tree.map(join, outs)
 
 
 def chunked_logprobs(
@@ -142,7 +120,7 @@ def chunked_logprobs(
             return lp
         return lp, losses.entropy_from_logits(logits, temperature=temperature, mask=m)
 
-    out = _map_positions(chunk, (hidden, targets, mask), chunk_size)
+    out = map_position_chunks(chunk, (hidden, targets, mask), chunk_size)
     return out if with_entropy else (out, None)
 
 

@@ -18,7 +18,8 @@ against the same program run without a mesh (float32, tolerance `TOL`):
 - the big matrices are really split: per-device bytes = total / (product of their mesh axes).
 
 The decoder is Gemma 3-style (tied embeddings, QK-norm, sandwich norms, one sliding and one full
-layer, soft-capping, attention biases); the sampler runs a Qwen3-style untied model, the value
+layer, soft-capping, attention biases) and attends in blocks of 3 queries (`attention_chunk`;
+its cached decoding and the value model attend whole); the sampler runs a Qwen3-style untied model, the value
 model a Llama one. Dimensions divide the mesh axes, except the 2 KV heads on `tensor=4`, which
 the rules replicate (attention then runs with the query heads gathered).
 """
@@ -175,7 +176,7 @@ def build() -> dict:
     batch = {k: jnp.asarray(v) for k, v in inputs().items()}
     loop = dict(max_new_tokens=6, num_samples=2, steps_per_loop=1, layer_unroll=1)
     return {
-        "decoder": redraw(Decoder(cfg, rngs=nnx.Rngs(0)), 1),
+        "decoder": redraw(Decoder(cfg, attention_chunk=3, rngs=nnx.Rngs(0)), 1),
         "value": redraw(ValueModel(value_cfg, rngs=nnx.Rngs(1)), 2),
         "sampler": redraw(Decoder(sampler_cfg, rngs=nnx.Rngs(2)), 3, std=0.5),
         "batch": batch,

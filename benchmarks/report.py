@@ -3,7 +3,8 @@
     python -m benchmarks.report [--results DIR]
 
 Reads `DIR/grpo/*.json` (`benchmarks.bench_grpo`), `DIR/sampler_cpu.json`
-(`benchmarks.bench_sampler`) and `DIR/gpu/*.json` (`benchmarks.bench_gpu`) when present, and
+(`benchmarks.bench_sampler`), `DIR/attention_cpu.json` (`benchmarks.bench_attention`) and
+`DIR/gpu/*.json` (`benchmarks.bench_gpu`) when present, and
 writes `DIR/README.md` and `DIR/scaling.png` (log-log: seconds per step and the update step's
 memory against the doubled quantity). Speed-ups compare medians measured in the same run; the FLOP/s
 fractions divide the model's FLOPs (`benchmarks.workloads`) per second by the jax float32
@@ -329,6 +330,34 @@ def sampler_table(results: pathlib.Path) -> list[str]:
     return lines
 
 
+def attention_table(results: pathlib.Path) -> list[str]:
+    path = results / "attention_cpu.json"
+    if not path.exists():
+        return []
+    rows = json.loads(path.read_text())["results"]
+    whole = {(r["model"], r["completion_len"]): r for r in rows if r["attention_chunk"] is None}
+    lines = [
+        "### Attention in query blocks (`benchmarks/bench_attention.py`)",
+        "",
+        "Log-prob forward + backward of 8 prompts × 8 completions (each prompt once per group), "
+        "XLA's temporaries and seconds per call, every query at once against blocks of C "
+        "queries (`model.attention_chunk`).",
+        "",
+        "| model | T | C | temporaries MB | whole / blocks | seconds | speed vs whole |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        base = whole.get((r["model"], r["completion_len"]))
+        chunk = r["attention_chunk"]
+        lines.append(
+            f"| {r['model']} | {r['completion_len']} | {chunk or 'whole'} | {r['temp_mb']} | "
+            f"{_ratio(r['temp_mb'], base['temp_mb']) if base and chunk else '—'} | "
+            f"{r['median_s']} | "
+            f"{_ratio(r['median_s'], base['median_s']) if base and chunk else '—'} |"
+        )
+    return lines
+
+
 def gpu_table(results: pathlib.Path) -> list[str]:
     runs = _load(results / "gpu")
     if not runs:
@@ -387,6 +416,7 @@ def write_report(results: pathlib.Path, command: str) -> pathlib.Path:
         scaling_table(grpo),
         [f"![scaling]({plot.name})"] if plotted else [],
         sampler_table(results),
+        attention_table(results),
         gpu_table(results),
     ]
     text = "\n\n".join("\n".join(s) for s in sections if s) + "\n"

@@ -5,12 +5,13 @@
 
 Options: `--peers-python PYTHON` (default `$PEERS_PYTHON`, else `/tmp/peers-venv/bin/python`
 when it exists; without it the peers are skipped with a message), `--force` (re-measure
-results that exist), `--skip sampler losses grpo`.
+results that exist), `--skip losses sampler attention grpo`.
 
 Runs, in this order, each in its own processes:
 
     losses    benchmarks.bench_losses   -> RESULTS/losses_cpu.json
     sampler   benchmarks.bench_sampler  -> RESULTS/sampler_cpu.json (vs HF generate)
+    attention benchmarks.bench_attention -> RESULTS/attention_cpu.json (whole vs query blocks)
     grpo      benchmarks.bench_grpo     -> RESULTS/grpo/*.json (matmul peak, ours, peers,
                                            scaling)
     report    benchmarks.report         -> RESULTS/README.md, RESULTS/scaling.png
@@ -43,7 +44,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     bench_grpo.add_arguments(parser)
     parser.add_argument(
-        "--skip", nargs="*", default=[], choices=["losses", "sampler", "grpo"], help="parts"
+        "--skip",
+        nargs="*",
+        default=[],
+        choices=["losses", "sampler", "attention", "grpo"],
+        help="parts",
     )
     args = parser.parse_args(argv)
     results = ROOT / "benchmarks" / "results" / ("quick" if args.quick else "")
@@ -59,6 +64,11 @@ def main(argv: list[str] | None = None) -> int:
             sampler += ["--only", "tiny", "--repeat", "3"]
         if _run(sampler, bench_grpo.hugepage_env()):  # as `jaxrl-llm` runs itself
             failures.append("sampler")
+    if "attention" not in args.skip:
+        attention = [py, "-m", "benchmarks.bench_attention", "--out"]
+        attention += [str(results / "attention_cpu.json")] + (["--quick"] if args.quick else [])
+        if _run(attention, bench_grpo.hugepage_env()):
+            failures.append("attention")
     if "grpo" not in args.skip:
         args.out = str(results / "grpo") if args.out is None else args.out
         bench_grpo.run(args)

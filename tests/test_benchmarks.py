@@ -1,8 +1,9 @@
-"""The GRPO benchmark's worker runs our two forms end to end on the tiny workload.
+"""The benchmarks that build on the library's internals still run, on tiny cases.
 
 A smoke test of `benchmarks/grpo_worker.py` as `bench_grpo` starts it (a subprocess printing
 one `RESULT` line): it builds on the runner's internals (the update step, the log-prob forward),
-so a change there must not leave `make bench` broken. Nothing here is timed or compared.
+so a change there must not leave `make bench` broken; and of `benchmarks/bench_attention.py`'s
+measurement and its report table. Nothing here is timed or compared.
 """
 
 from __future__ import annotations
@@ -33,3 +34,14 @@ def test_the_grpo_worker_reports_a_result(mode):
         assert set(result["phases_median_s"]) >= {"sample_s", "forward_s", "update_s"}
     else:
         assert result["iterations_per_call"] == 2
+
+
+def test_the_attention_benchmark_measures_both_forms(tmp_path):
+    from benchmarks import bench_attention, report
+
+    rows = [bench_attention.measure("tiny", 24, chunk, repeat=1) for chunk in (None, 16)]
+    assert [r["attention_chunk"] for r in rows] == [None, 16]
+    assert all(r["temp_mb"] > 0 and r["median_s"] > 0 for r in rows)
+    (tmp_path / "attention_cpu.json").write_text(json.dumps({"results": rows}))
+    table = report.attention_table(tmp_path)
+    assert table[0].startswith("### Attention in query blocks") and len(table) == 8

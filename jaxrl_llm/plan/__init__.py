@@ -32,6 +32,10 @@ with `‖·‖_t` the share when split over tensor only. Saved activations per t
 float32 attention logits and probabilities, MLP gates); `remat="dots"` keeps the matmul outputs
 `b_c·(3D + (H_t + 2K_t)·Hd + 2F_t)`; `remat="full"` keeps the layer input `b_c·D`, and both
 recompute one layer (`a_layer`, the no-remat figure for one layer) in the backward pass.
+With attention in blocks of `C` queries (`attention_chunk`, the model's `attention_chunk`) no
+layer keeps its attention logits: the `(4 + b_c)·H_t·S` per token becomes
+`m/(d·f) · (min(C, S) · (4 + b_c)·H_t·S + S²)` per recomputed layer (one block, and the
+`[S, S]` boolean mask of each sequence), for one more attention forward in the update.
 Logits: `2 · 4 · V/t` bytes per completion token (float32 logits and their cotangent) over
 `min(m/(d·f) · T, logits_chunk)` tokens (only completion positions are scored; the update
 step's `chunk_size` positions of `m/(d·f)` rows give `logits_chunk = m/(d·f) · chunk_size`).
@@ -51,12 +55,13 @@ decode loop at `bandwidth_efficiency · hbm_bandwidth`:
       bytes_step = ‖W‖_t · b_c + 2·L·N/(d·f)·S·K_t·Hd·b_c        (weights + the whole cache)
       flops_step = N/(d·f) · (2·W_mm/t + 4·L·H_t·Hd·S)
     logprobs = passes · N · S · (2·W_mm + 4·L·H·Hd·S) / (n · mfu · peak)
-    training = epochs · N · S · (6·W_mm + 12·L·H·Hd·S) · r / (n · mfu · peak)
+    training = epochs · N · S · (6·W_mm + a·4·L·H·Hd·S) · r / (n · mfu · peak)
 
 Each decode step attends over all `S` slots of the fixed-size cache (masked), as the `Decoder`
 does, so the cache term does not shrink for early steps. `W_mm` counts the weights used in
-matmuls (all but the embedding lookup; the output projection counts once). `6·W·tokens` is the
-usual forward + backward estimate (Kaplan et al., "Scaling Laws for Neural Language Models",
+matmuls (all but the embedding lookup; the output projection counts once). `a = 3` attention
+passes (forward and backward), 4 with attention in blocks. `6·W·tokens` is the usual
+forward + backward estimate (Kaplan et al., "Scaling Laws for Neural Language Models",
 arXiv:2001.08361); `r = 4/3` with full remat (one more forward); `passes` counts the old-policy
 forward pass (needed when a rollout feeds more than one optimizer update,
 `epochs · minibatches > 1`; on-policy updates reuse the current log-probs) and the reference

@@ -45,6 +45,7 @@ class PlanConfig:
     remat: Remat = "full"
     reference: bool = False  # frozen reference policy for a KL term
     logits_chunk: int | None = None  # tokens per device whose logits exist at once; None: all
+    attention_chunk: int | None = None  # queries per attention block (model.attention_chunk)
     mfu: float = 0.4
     bandwidth_efficiency: float = 0.8
 
@@ -77,7 +78,7 @@ class PlanConfig:
             raise ValueError(
                 f"PlanConfig.remat must be 'none', 'dots' or 'full', got {self.remat!r}."
             )
-        for name in ("micro_batch", "logits_chunk"):
+        for name in ("micro_batch", "logits_chunk", "attention_chunk"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(
@@ -183,14 +184,19 @@ def _activation_bytes(config: ModelConfig, plan: PlanConfig, rows: int) -> dict[
     K_t = config.num_kv_heads / t if config.num_kv_heads % t == 0 else config.num_kv_heads
     F_t = config.intermediate_size / t
     tokens = rows * S
-    full_layer = tokens * (bc * (4 * D + 3 * (H_t + K_t) * Hd + 4 * F_t) + (4 + bc) * H_t * S)
+    dense = tokens * bc * (4 * D + 3 * (H_t + K_t) * Hd + 4 * F_t)
+    attention = (4 + bc) * H_t * S  # per query: float32 logits and probabilities over S keys
+    if plan.attention_chunk is None:
+        kept = live = tokens * attention  # kept: without remat, every layer's
+    else:  # one block of queries at a time, recomputed; the whole boolean mask
+        kept, live = 0.0, rows * min(plan.attention_chunk, S) * attention + rows * S * S
     if plan.remat == "none":
-        saved, working = L * full_layer, 0.0
+        saved, working = L * (dense + kept), live - kept
     elif plan.remat == "dots":
         saved = L * tokens * bc * (3 * D + (H_t + 2 * K_t) * Hd + 2 * F_t)
-        working = full_layer
+        working = dense + live
     else:
-        saved, working = L * tokens * bc * D, full_layer
+        saved, working = L * tokens * bc * D, dense + live
     scored = rows * plan.completion_len
     logit_tokens = scored if plan.logits_chunk is None else min(scored, plan.logits_chunk)
     logits = 2 * 4 * logit_tokens * config.vocab_size / t
@@ -343,7 +349,10 @@ def _time(
     passes = (plan.epochs * plan.minibatches > 1) + plan.reference
     logprob_s = passes * tokens * (2 * w_mm + attn * S) / (n * flops)
     remat_factor = 4 / 3 if plan.remat == "full" else 1.0
-    train_s = plan.epochs * tokens * (6 * w_mm + 3 * attn * S) * remat_factor / (n * flops)
+    attention_passes = 3 if plan.attention_chunk is None else 4  # blocks: one more forward
+    train_s = (
+        plan.epochs * tokens * (6 * w_mm + attention_passes * attn * S) * remat_factor / (n * flops)
+    )
 
     gathers = 3 if plan.remat == "full" else 2
     fsdp_bytes = (gathers * z.w_t * bc + z.w_t * bp) * (f - 1) / f

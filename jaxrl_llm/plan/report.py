@@ -142,6 +142,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--remat", default=PlanConfig.remat, choices=["none", "dots", "full"])
     p.add_argument("--reference", action="store_true", help="hold a frozen KL reference policy")
     p.add_argument("--logits-chunk", type=int, default=None, help="tokens of logits at once")
+    p.add_argument("--attention-chunk", type=int, default=None, help="queries per attention block")
     p.add_argument("--mfu", type=float, default=PlanConfig.mfu)
     p.add_argument("--bandwidth-efficiency", type=float, default=PlanConfig.bandwidth_efficiency)
     p.add_argument("--top", type=int, default=5, help="meshes listed with --devices")
@@ -173,6 +174,7 @@ def run(args: argparse.Namespace) -> int:
             remat=args.remat,
             reference=args.reference,
             logits_chunk=args.logits_chunk,
+            attention_chunk=args.attention_chunk,
             mfu=args.mfu,
             bandwidth_efficiency=args.bandwidth_efficiency,
         )

@@ -154,6 +154,19 @@ def test_memory_terms_follow_the_formulas():
         }[remat]
         logits = 2 * 4 * (m // (d * f)) * 40 * V / t  # completion positions only
         np.testing.assert_allclose(p.memory["activations"], saved + logits, rtol=1e-12)
+        # attention in blocks of 8 queries: no layer keeps its [S, S] logits; one block and
+        # the boolean mask live in the recomputed layer
+        blocks = estimate(config, dataclasses.replace(plan, attention_chunk=8), "h100")
+        rows = m // (d * f)
+        dense = tokens * 2 * (4 * D + 3 * (Ht + Kt) * Hd + 4 * Ft)
+        live = rows * (8 * 6 * Ht * S + S * S)
+        saved = {
+            "none": L * dense + live,
+            "dots": L * tokens * 2 * (3 * D + (Ht + 2 * Kt) * Hd + 2 * Ft) + dense + live,
+            "full": L * tokens * 2 * D + dense + live,
+        }[remat]
+        np.testing.assert_allclose(blocks.memory["activations"], saved + logits, rtol=1e-12)
+        assert blocks.memory["activations"] < p.memory["activations"]
         training = (
             p.memory["params"] + p.memory["optimizer"] + p.memory["gradients"]
             + p.memory["reference"] + p.memory["layer_buffers"] + p.memory["activations"]
@@ -177,6 +190,11 @@ def test_time_terms_follow_the_formulas():
     P, T, S, N = 256, 512, 768, 64
     np.testing.assert_allclose(
         p.time["training_s"], 2 * N * S * (6 * w_mm + 12 * L * H * Hd * S) * (4 / 3) / (n * flops)
+    )
+    blocks = estimate("qwen2.5-7b", dataclasses.replace(plan, attention_chunk=128), dev)
+    np.testing.assert_allclose(  # one more attention forward
+        blocks.time["training_s"],
+        2 * N * S * (6 * w_mm + 16 * L * H * Hd * S) * (4 / 3) / (n * flops),
     )
     passes = 2  # old policy (2 epochs reuse the rollout) + reference
     np.testing.assert_allclose(
@@ -264,6 +282,8 @@ def test_bad_inputs_are_named():
         PlanConfig(remat="some")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"PlanConfig.mfu must be in \(0, 1\]"):
         PlanConfig(mfu=1.5)
+    with pytest.raises(ValueError, match=r"PlanConfig\.attention_chunk must be a positive int"):
+        PlanConfig(attention_chunk=0)
 
 
 def test_suggest_meshes_ranks_fitting_meshes_and_skips_impossible_ones():
@@ -306,8 +326,10 @@ def test_cli_reports_and_errors(capsys, tmp_path):
     assert "0.00 B parameters" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("remat", ["none", "dots", "full"])
-def test_activation_estimate_is_close_to_xla_memory_analysis(remat):
+@pytest.mark.parametrize(
+    ("remat", "chunk"), [("none", None), ("dots", None), ("full", None), ("none", 32)]
+)
+def test_activation_estimate_is_close_to_xla_memory_analysis(remat, chunk):
     """The training-phase activations agree with what XLA allocates, within a factor of 2.
 
     float32 compute: the CPU backend computes bfloat16 in float32, which would double its side.
@@ -326,7 +348,9 @@ def test_activation_estimate_is_close_to_xla_memory_analysis(remat):
         head_dim=32,
     )
     m, S = 4, 128
-    abstract = nnx.eval_shape(lambda: Decoder(config, remat=remat, rngs=nnx.Rngs(0)))
+    abstract = nnx.eval_shape(
+        lambda: Decoder(config, remat=remat, attention_chunk=chunk, rngs=nnx.Rngs(0))
+    )
     graphdef, state = nnx.split(abstract)
 
     def loss(state, tokens):
@@ -337,7 +361,7 @@ def test_activation_estimate_is_close_to_xla_memory_analysis(remat):
     xla = jax.jit(jax.grad(loss)).lower(state, tokens).compile().memory_analysis()
     plan = PlanConfig(
         prompt_len=1, completion_len=S - 1, batch=m, group_size=1, remat=remat,
-        compute_dtype="float32",
+        compute_dtype="float32", attention_chunk=chunk,
     )  # fmt: skip
     p = estimate(config, plan, "h100")
     ratio = (p.memory["activations"] + p.memory["layer_buffers"]) / xla.temp_size_in_bytes

@@ -175,11 +175,12 @@ class Decoder(nnx.Module):
         with "dots" than with "none", and "full" sits in between (docs/performance.md).
       lm_head: False drops the output projection of an untied model (a critic backbone).
       attention_chunk: None (default) attends all queries at once; an int `C` attends them in
-        blocks of `C` queries (`layers.chunked_attend`) in the forwards without a cache, so
-        the float32 attention logits and probabilities take `[N, H, C, T]` at a time instead
-        of `[N, H, S, T]` in the forward and the backward pass (which recomputes them block
-        by block): memory linear in the sequence length instead of quadratic, for ≈ one more
-        attention forward in the backward pass (docs/models.md).
+        blocks of `C` queries (`layers.chunked_attend`) in every forward of more than `C`
+        tokens (the training forwards, a long prompt's prefill), so the float32 attention
+        logits and probabilities take `[N, H, C, T]` at a time instead of `[N, H, S, T]` in
+        the forward and the backward pass (which recomputes them block by block): memory
+        linear in the sequence length instead of quadratic, for ≈ one more attention forward
+        in the backward pass (docs/models.md).
       rngs: initialisation keys.
 
     Examples:
@@ -227,7 +228,7 @@ class Decoder(nnx.Module):
         self.attention_chunk = attention_chunk
 
     def _attention(self) -> Any:
-        """The attention of the forwards without a cache: `attend`, or in query blocks."""
+        """The attention of the multi-token forwards: `attend`, or in blocks of queries."""
         if self.attention_chunk is None:
             return attend
         return functools.partial(chunked_attend, chunk=self.attention_chunk)
@@ -539,7 +540,7 @@ class Decoder(nnx.Module):
         """
         angles, masks, sliding = self._per_layer_inputs(positions, mask_fn)
         mixed = isinstance(masks, tuple)
-        attention = self._attention() if kv is None else attend
+        attention = self._attention()
         graphdef, state = nnx.split(self.layers)
         starts = None if kv is None else kv[2]
 

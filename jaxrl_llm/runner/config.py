@@ -60,10 +60,11 @@ class ModelSection:
       param_dtype: storage dtype of the parameters.
       remat: per-layer rematerialisation: "dots" (default: keep the matmul outputs, recompute
         the rest; the fastest on XLA:CPU), "full" or "none" (see `Decoder`).
-      attention_chunk: None (default) or an int: the training forwards attend in blocks of
-        this many queries, each recomputed in the backward pass (`Decoder`), so attention's
-        float32 logits and probabilities take memory linear in the sequence length instead
-        of quadratic; for long completions on accelerators (docs/models.md).
+      attention_chunk: None (default) or an int: the training forwards and the prompts'
+        prefill attend in blocks of this many queries, each recomputed in the backward pass
+        (`Decoder`), so attention's float32 logits and probabilities take memory linear in
+        the sequence length instead of quadratic; for long sequences on accelerators
+        (docs/models.md).
       trainable: regexes of the trainable parameter paths (`split_models`; () = all).
       frozen: regexes of parameter paths to freeze.
       critic_checkpoint: the PPO critic (`critic.kind: model`) from this checkpoint

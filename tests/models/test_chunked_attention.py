@@ -12,6 +12,7 @@ sequence length instead of quadratically. The sharded form runs in
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import pathlib
 
@@ -76,10 +77,12 @@ def test_chunked_attend_gradients_match_attend():
     def loss(fn, q, k, v):
         return jnp.sum(fn(q, k, v, mask, scale=0.3, softcap=4.0) * w)
 
-    whole = jax.grad(lambda *a: loss(attend, *a), argnums=(0, 1, 2))
-    chunked = jax.grad(
-        lambda q, k, v: loss(lambda *b, **kw: chunked_attend(*b, **kw, chunk=2), q, k, v),
-        argnums=(0, 1, 2),
+    whole = jax.jit(jax.grad(lambda *a: loss(attend, *a), argnums=(0, 1, 2)))
+    chunked = jax.jit(
+        jax.grad(
+            lambda q, k, v: loss(lambda *b, **kw: chunked_attend(*b, **kw, chunk=2), q, k, v),
+            argnums=(0, 1, 2),
+        )
     )
     for got, want in zip(chunked(q, k, v), whole(q, k, v), strict=True):
         assert float(jnp.abs(want).max()) > 0
@@ -114,15 +117,25 @@ def _batch(rows, length, prompt, seed=0):
     return jnp.asarray(np.where(mask > 0, tokens, 0)), jnp.asarray(positions), jnp.asarray(mask)
 
 
+@functools.cache
+def _models(name):
+    """One random model's graphdefs with whole attention and blocks of 2 queries, its state."""
+    model = Decoder(CONFIGS[name], rngs=nnx.Rngs(0))  # initialised once: the same weights
+    whole, params = nnx.split(model)
+    model.attention_chunk = 2
+    return {None: whole, 2: nnx.split(model)[0]}, params
+
+
 @pytest.mark.parametrize(("name", "shared"), [("gemma2", False), ("qwen3", True)])
 def test_decoder_forwards_and_gradients_match_whole_attention(name, shared):
     tokens, positions, mask = _batch(4, 9, prompt=4)
     w = jax.random.normal(jax.random.key(2), (4, 9, 16))
 
+    graphdefs, params = _models(name)
+    params = jax.tree.map(lambda x: x * 3.0, params)  # attention far from uniform
+
     def run(chunk):
-        model = Decoder(CONFIGS[name], attention_chunk=chunk, rngs=nnx.Rngs(0))
-        graphdef, params = nnx.split(model)
-        params = jax.tree.map(lambda x: x * 3.0, params)  # attention far from uniform
+        graphdef = graphdefs[chunk]
 
         def loss(params):
             m = nnx.merge(graphdef, params)
@@ -134,7 +147,7 @@ def test_decoder_forwards_and_gradients_match_whole_attention(name, shared):
                 h = m.hidden_states(tokens, positions, attention_mask=mask)
             return jnp.sum(jnp.where(mask[..., None] > 0, h * w, 0.0)), h
 
-        return jax.value_and_grad(loss, has_aux=True)(params)
+        return jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
 
     (value, h), grads = run(None)
     (value_c, h_c), grads_c = run(2)
@@ -143,6 +156,20 @@ def test_decoder_forwards_and_gradients_match_whole_attention(name, shared):
     for got, want in zip(jax.tree.leaves(grads_c), jax.tree.leaves(grads), strict=True):
         scale = float(jnp.max(jnp.abs(want))) + 1e-6  # float32 sums in another order
         np.testing.assert_allclose(np.asarray(got) / scale, np.asarray(want) / scale, atol=2e-5)
+
+
+def test_a_long_prefill_attends_in_blocks_too():
+    tokens, positions, mask = _batch(4, 9, prompt=4)
+    graphdefs, params = _models("gemma2")
+    outs = []
+    for chunk in (None, 2):
+        model = nnx.merge(graphdefs[chunk], params)
+        cache = model.init_cache(batch=4, max_len=10)
+        hidden, cache = model.decode_hidden(tokens, positions, cache, attention_mask=mask)
+        step, _ = model.decode_hidden(tokens[:, :1], positions[:, -1:] + 1, cache)  # one token
+        outs.append((hidden, cache.k, cache.v, step))
+    for got, want in zip(outs[1], outs[0], strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-5)
 
 
 def test_critic_and_checkpoint_loading_carry_the_chunk(tmp_path: pathlib.Path):

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from benchmarks.workloads import PROMPT_LEN, Workload
-from jaxrl_llm.models import Decoder, ModelConfig
+from jaxrl_llm.models import Decoder
 from jaxrl_llm.train.logprobs import chunked_logprobs
 
 PROMPTS, GROUP = 8, 8
@@ -40,24 +40,9 @@ CASES = {  # model -> (completion lengths, query blocks)
 QUICK = {"tiny": ((128, 256), (64,))}
 
 
-def model_config(size: str) -> ModelConfig:
-    s = Workload(size, PROMPTS, GROUP, 16).shape
-    return ModelConfig(
-        family="qwen3",
-        vocab_size=s.vocab_size,
-        hidden_size=s.hidden_size,
-        intermediate_size=s.intermediate_size,
-        num_layers=s.num_layers,
-        num_heads=s.num_heads,
-        num_kv_heads=s.num_kv_heads,
-        head_dim=s.head_dim,
-        tie_embeddings=s.tie_embeddings,
-    )
-
-
 def measure(size: str, length: int, chunk: int | None, repeat: int) -> dict:
     """Compile and time one (model, completion length, attention_chunk) case."""
-    cfg = model_config(size)
+    cfg = Workload(size, PROMPTS, GROUP, length).shape.model_config()
     graphdef, params = nnx.split(Decoder(cfg, attention_chunk=chunk, rngs=nnx.Rngs(0)))
     rows, width = PROMPTS * GROUP, PROMPT_LEN + length
     key = jax.random.key(1)

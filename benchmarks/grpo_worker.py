@@ -95,24 +95,12 @@ def run_config(w: Workload, run_dir: str, cache_dir: str | None, chunk: int | No
     """The workload as a `RunConfig` (module docstring)."""
     from jaxrl_llm.data import ArithmeticConfig, DataConfig
     from jaxrl_llm.metrics_log import MetricsConfig
-    from jaxrl_llm.models import ModelConfig
     from jaxrl_llm.rewards import RewardConfig
     from jaxrl_llm.runner.config import ExportConfig, ModelSection, RunConfig, TrainConfig
     from jaxrl_llm.sampler import SamplingConfig
     from jaxrl_llm.train import OptimConfig, preset
 
-    s = w.shape
-    model = ModelConfig(
-        family="qwen3",
-        vocab_size=s.vocab_size,
-        hidden_size=s.hidden_size,
-        intermediate_size=s.intermediate_size,
-        num_layers=s.num_layers,
-        num_heads=s.num_heads,
-        num_kv_heads=s.num_kv_heads,
-        head_dim=s.head_dim,
-        tie_embeddings=s.tie_embeddings,
-    )
+    model = w.shape.model_config()
     grpo = preset("grpo")
     if grpo.kl.coef != BETA or grpo.policy_loss.clip_low != EPSILON:
         raise RuntimeError(f"the grpo preset changed: β={grpo.kl.coef}, ε={grpo.policy_loss}")

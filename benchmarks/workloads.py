@@ -35,6 +35,7 @@ import json
 import os
 import platform
 import subprocess
+from typing import Any
 
 VOCAB = 259
 PROMPT_LEN = 16
@@ -74,6 +75,23 @@ class ModelShape:
         D, hd = self.hidden_size, self.head_dim
         attn = D * hd * (2 * self.num_heads + 2 * self.num_kv_heads)
         return attn + 3 * D * self.intermediate_size
+
+    def model_config(self) -> Any:
+        """This shape as a jaxrl_llm `ModelConfig` (imported here: the peers' venv reads this
+        module without jaxrl_llm)."""
+        from jaxrl_llm.models import ModelConfig
+
+        return ModelConfig(
+            family="qwen3",
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_layers=self.num_layers,
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            tie_embeddings=self.tie_embeddings,
+        )
 
     @property
     def num_params(self) -> int:

@@ -229,13 +229,14 @@ def chunked_attend(
     Query-chunked attention (the query blocking of Rabe & Staats 2021, "Self-attention Does
     Not Need O(n²) Memory", arXiv:2112.05682): softmax attention normalises each query's
     row over the keys, so splitting the `S` queries into blocks of `C = chunk` rows and
-    attending each block to all `T` keys gives the same outputs row for row. A `lax.map`
-    runs the blocks one after another under `jax.checkpoint`, so the forward pass holds one
-    block's float32 logits and probabilities `[N, H, C, T]` instead of `[N, H, S, T]`, and
-    the backward pass recomputes them block by block (≈ one more attention forward) instead
-    of keeping them. The `[N, S, T]` boolean mask is still whole (1 byte per pair, against
-    ≥ 8·H bytes of logits and probabilities). `S` not a multiple of `C` is padded with
-    fully masked queries whose outputs are dropped. `S <= chunk` is `attend` itself.
+    attending each block to all `T` keys gives the same outputs row for row. The blocks run
+    one after another (`position_chunks.map_position_chunks`: `lax.map` under
+    `jax.checkpoint`), so the forward pass holds one block's float32 logits and
+    probabilities `[N, H, C, T]` instead of `[N, H, S, T]`, and the backward pass recomputes
+    them block by block (≈ one more attention forward) instead of keeping them. The
+    `[N, S, T]` boolean mask stays whole (1 byte per pair, against ≥ 8·H bytes of logits and
+    probabilities). The last block of an `S` that `C` does not divide overlaps the one before
+    it and keeps only its new queries. `S <= chunk` is `attend` itself.
 
     Args:
       q, k, v, mask, scale, softcap: as `attend` (`q [N, S, H, Hd]`, `k`, `v` `[N, T, K, Hd]`,

@@ -47,7 +47,7 @@ def measure(size: str, length: int, chunk: int | None, repeat: int) -> dict:
     rows, width = PROMPTS * GROUP, PROMPT_LEN + length
     key = jax.random.key(1)
     prompts = jax.random.randint(key, (PROMPTS, PROMPT_LEN), 0, cfg.vocab_size)
-    completions = jax.random.randint(jax.random.fold_in(key, 1), (rows, length), 0, 259)
+    completions = jax.random.randint(jax.random.fold_in(key, 1), (rows, length), 0, cfg.vocab_size)
     tokens = jnp.concatenate([jnp.repeat(prompts, GROUP, axis=0), completions], axis=1)
     positions = jnp.broadcast_to(jnp.arange(width), (rows, width))
     mask = jnp.ones((rows, length), jnp.float32)

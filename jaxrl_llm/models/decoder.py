@@ -375,6 +375,7 @@ class Decoder(nnx.Module):
         masks = jax.tree.map(lambda a, b: (a, b), prompt_in[1], completion_in[1])
         sliding, mixed = prompt_in[2], isinstance(prompt_in[1], tuple)
         graphdef, state = nnx.split(self.layers)
+        attention = self._attention()
 
         def shared_attention(q: Array, k: Array, v: Array, mask: Any, **kw: Any) -> Array:
             # the prompts attend to themselves; the completions to their group's prompt
@@ -384,7 +385,6 @@ class Decoder(nnx.Module):
             def after_prompt(shared: Array, own: Array) -> Array:
                 return jnp.concatenate([jnp.repeat(shared, G, axis=0), own], axis=1)
 
-            attention = self._attention()
             out_p = attention(q_p, k_p, v_p, mask[0], **kw)
             out_c = attention(q_c, after_prompt(k_p, k_c), after_prompt(v_p, v_c), mask[1], **kw)
             return blocks.join(out_p, out_c)

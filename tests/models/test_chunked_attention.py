@@ -28,6 +28,7 @@ from jaxrl_llm.models.layers import attend, chunked_attend
 from jaxrl_llm.runner.config import ModelSection, RunConfig
 from jaxrl_llm.runner.models import build_policy
 from jaxrl_llm.train import SFTConfig
+from tests.models.test_shared_prompt import BASE, CONFIGS  # qwen3; gemma2 (sliding, soft-caps)
 
 N, H, K, HD = 2, 4, 2, 8
 
@@ -87,23 +88,6 @@ def test_chunked_attend_gradients_match_attend():
     for got, want in zip(chunked(q, k, v), whole(q, k, v), strict=True):
         assert float(jnp.abs(want).max()) > 0
         np.testing.assert_allclose(got, want, atol=2e-6)
-
-
-BASE = dict(
-    vocab_size=23, hidden_size=16, intermediate_size=24, num_layers=2, num_heads=4, head_dim=4
-)
-CONFIGS = {
-    "qwen3": ModelConfig(family="qwen3", num_kv_heads=2, **BASE),
-    "gemma2": ModelConfig(
-        family="gemma2",
-        num_kv_heads=2,
-        sliding_window=3,
-        attn_logit_softcap=5.0,
-        final_logit_softcap=8.0,
-        layer_types=("sliding_attention", "full_attention"),
-        **BASE,
-    ),
-}
 
 
 def _batch(rows, length, prompt, seed=0):

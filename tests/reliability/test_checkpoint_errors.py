@@ -10,6 +10,7 @@ test_corruption.py: every flipped byte) and `tests/models/test_loading_errors.py
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import jax
@@ -58,11 +59,24 @@ def test_resume_with_another_model_family_names_the_missing_leaves(capsys, tmp_p
     assert "only in the checkpoint: " in err and "params.policy.layers.attn.k_norm" in err, err
 
 
+def _middle_of_largest_frame(data):
+    """The middle byte of the file's largest zstd frame: inside stored values, never a frame or
+    block header. (The file's middle byte can be the first byte of a frame when the file holds
+    two chunks of equal size; a flipped header bit is reported as unreadable, not corrupt.)"""
+    magic = b"\x28\xb5\x2f\xfd"  # a zstd frame's first four bytes
+    starts = [i for i in range(len(data) - 3) if data[i : i + 4] == magic]
+    if not starts:  # uncompressed chunks
+        return len(data) // 2
+    bounds = [*starts, len(data)]
+    start, end = max(itertools.pairwise(bounds), key=lambda b: b[1] - b[0])
+    return (start + end) // 2
+
+
 def _damage(run_dir, how):
     path = _largest_array_file(run_dir / "checkpoints" / "6")
     data = bytearray(path.read_bytes())
     if how == "flip":
-        data[len(data) // 2] ^= 0x01  # one bit, in the middle of the compressed chunk
+        data[_middle_of_largest_frame(data)] ^= 0x01  # one bit of stored values
     else:
         del data[len(data) // 2 :]  # a partial file: the copy or the disk stopped halfway
     path.write_bytes(bytes(data))

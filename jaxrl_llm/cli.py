@@ -188,13 +188,20 @@ def _log_to_stderr() -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
+    import logging
     import signal
 
     from jaxrl_llm.data.records import DataError
     from jaxrl_llm.rewards import RewardFunctionError
     from jaxrl_llm.runner import TrainingDivergedError, load_run_config, prepare_run, run_training
+    from sharding import initialize_distributed, is_main_process
 
     try:
+        # a multi-host job (JAXRL_* settings or a cluster launcher JAX recognises) joins its
+        # processes before JAX is used; a no-op on one machine (docs/running.md)
+        initialize_distributed()
+        if not is_main_process():  # process 0 speaks for the job; the others report errors
+            logging.getLogger("jaxrl_llm").setLevel(logging.ERROR)
         config = load_run_config(args.config, args.overrides, run_dir=args.run_dir)
         prepared = prepare_run(config, resume=args.resume)
     except (ConfigError, DataError, ValueError) as err:
@@ -206,6 +213,8 @@ def _train(args: argparse.Namespace) -> int:
         return 1
     if summary["interrupted"]:
         return 128 + int(signal.Signals[summary["interrupted"]])
+    if not is_main_process():
+        return 0
     before, after = summary["accuracy_before_rl"], summary["accuracy_after_rl"]
     change = "" if before is None else f"; eval accuracy {before:.3f} -> {after:.3f}"
     print(

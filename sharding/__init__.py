@@ -11,12 +11,16 @@ from sharding.checks import ReplicationReport, check_replication
 from sharding.constraints import shard
 from sharding.distributed import (
     ProcessInfo,
+    any_process,
+    fetch_global,
+    from_main_process,
     host_batch_slice,
     initialize_distributed,
     is_main_process,
     log_main,
     make_global_batch,
     place_global,
+    wait_for_all_processes,
 )
 from sharding.mesh import MESH_AXES, MeshConfig, make_mesh
 from sharding.rules import (
@@ -34,8 +38,11 @@ __all__ = [
     "MeshConfig",
     "ProcessInfo",
     "ReplicationReport",
+    "any_process",
     "batch_shardings",
     "check_replication",
+    "fetch_global",
+    "from_main_process",
     "host_batch_slice",
     "initialize_distributed",
     "is_main_process",
@@ -49,4 +56,5 @@ __all__ = [
     "path_str",
     "place_global",
     "shard",
+    "wait_for_all_processes",
 ]

@@ -229,6 +229,85 @@ def log_main(message: str, *args: Any, level: int = logging.INFO, logger: Any = 
         (logger or _logger).log(level, message, *args)
 
 
+def fetch_global(tree: Any) -> Any:
+    """Every array leaf of `tree` as a NumPy array holding its whole value, on every process.
+
+    On one process this is `jax.device_get`. In a multi-process job an array that spans other
+    processes' devices (a batch-sharded rollout, FSDP-sharded parameters) cannot be read by
+    one process alone; those leaves are gathered with
+    `jax.experimental.multihost_utils.process_allgather` (tiled: the global shape), the
+    others (fully replicated or local arrays, host values) are read locally. Every process
+    must call it with the same tree (the gather is a collective).
+
+    Examples:
+      >>> out = fetch_global({"x": jax.numpy.arange(3), "n": 2})
+      >>> out["x"].tolist(), out["n"]
+      ([0, 1, 2], 2)
+    """
+    if jax.process_count() == 1:
+        return jax.device_get(tree)
+    from jax.experimental import multihost_utils
+
+    def leaf(x: Any) -> Any:
+        if not isinstance(x, jax.Array) or x.is_fully_addressable or x.is_fully_replicated:
+            return jax.device_get(x)
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+    return jax.tree.map(leaf, tree)
+
+
+def from_main_process(arrays: Any) -> Any:
+    """Process 0's values of a pytree of host arrays, on every process (a collective,
+    `multihost_utils.broadcast_one_to_all`); the arrays themselves on one process. Every
+    process passes arrays of the same shapes and dtypes. The training loop scores completions
+    on every process and keeps process 0's scores, so that a reward that differs between
+    hosts (a timeout, a clock) cannot split the job's view of the batch.
+
+    Examples:
+      >>> from_main_process({"valid": np.array([True, False])})["valid"].tolist()
+      [True, False]
+    """
+    if jax.process_count() == 1:
+        return arrays
+    from jax.experimental import multihost_utils
+
+    host = jax.tree.map(np.asarray, arrays)
+    # booleans travel as uint8 (the broadcast is a sum over the processes)
+    sent = jax.tree.map(lambda x: x.astype(np.uint8) if x.dtype == bool else x, host)
+    got = multihost_utils.broadcast_one_to_all(sent)
+    return jax.tree.map(lambda x, y: np.asarray(y).astype(x.dtype), host, got)
+
+
+def any_process(flag: bool) -> bool:
+    """True when `flag` is true on any process of the job (a collective: every process calls
+    it at the same point); `flag` itself on one process. The training loop stops every process
+    at the same step when one of them received a signal.
+
+    Examples:
+      >>> any_process(False), any_process(True)
+      (False, True)
+    """
+    if jax.process_count() == 1:
+        return bool(flag)
+    from jax.experimental import multihost_utils
+
+    flags = multihost_utils.process_allgather(np.asarray([bool(flag)], np.int32))
+    return bool(np.asarray(flags).any())
+
+
+def wait_for_all_processes(name: str) -> None:
+    """A barrier: returns once every process of the job has reached the point named `name`
+    (`multihost_utils.sync_global_devices`); nothing on one process.
+
+    Examples:
+      >>> wait_for_all_processes("run directory checked")
+    """
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
 def _batch_sharding(mesh: Mesh, rules: Rules, ndim: int) -> NamedSharding:
     names = ("batch",) + (None,) * (ndim - 1)
     return NamedSharding(mesh, logical_to_spec(names, rules, mesh))

@@ -30,6 +30,7 @@ from jaxrl_llm.runner.programs import rollout_program
 from jaxrl_llm.runner.rollout import in_graph_stop_ids, run_rollout
 from jaxrl_llm.runner.scoring import component_rewards
 from jaxrl_llm.runner.task import prompt_batch
+from sharding import fetch_global
 
 
 def pass_at_k(num_samples: int, num_correct: np.ndarray, k: int) -> np.ndarray:
@@ -68,7 +69,7 @@ def _correct(
     ctx: RunContext, batch: Any, rollout: Any, in_graph: Any, group_size: int
 ) -> np.ndarray:
     """`[B·G]` bool: the first reward function gives the completion >= 1."""
-    tokens, mask, in_graph = jax.device_get(
+    tokens, mask, in_graph = fetch_global(
         (rollout.completion_tokens, rollout.completion_mask, in_graph)
     )
     rewards, _, _ = component_rewards(

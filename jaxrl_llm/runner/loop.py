@@ -76,6 +76,7 @@ from jaxrl_llm.runner.signals import GracefulStop
 from jaxrl_llm.runner.task import sft_batch
 from jaxrl_llm.train import TrainState
 from jaxrl_llm.train.shardings import batch_sharding
+from sharding import any_process, fetch_global, is_main_process
 
 log = logging.getLogger(__name__)
 SUMMARY_FILE = "summary.json"
@@ -88,7 +89,7 @@ def _stream_key(seed: int, stream: int) -> jax.Array:
 
 
 def _host(metrics: Mapping[str, Any]) -> dict[str, float]:
-    return {k: float(v) for k, v in jax.device_get(dict(metrics)).items()}
+    return {k: float(v) for k, v in fetch_global(dict(metrics)).items()}
 
 
 def _rl_step(
@@ -383,17 +384,19 @@ def run_training(prepared: PreparedRun, *, resume_command: str | None = None) ->
                     step, state, _meta(config, step, data, skips, before, wall())
                 ):
                     fault_point("save", step)
-                if stop.requested:
+                if any_process(stop.requested):  # every process stops at the same step
                     save(step)
                     checkpointer.wait()
                     hint = f"; resume with: {resume_command}" if resume_command else ""
-                    print(
-                        f"jaxrl-llm train: received {stop.signal_name}; stopped after step "
-                        f"{step} and saved a checkpoint in {checkpointer.directory}{hint}",
-                        flush=True,
-                    )
+                    signal_name = stop.signal_name or "SIGTERM"  # another process's signal
+                    if is_main_process():
+                        print(
+                            f"jaxrl-llm train: received {signal_name}; stopped after step "
+                            f"{step} and saved a checkpoint in {checkpointer.directory}{hint}",
+                            flush=True,
+                        )
                     return _summary(
-                        ctx, before, after, step, wall(), skips, final, info, stop.signal_name
+                        ctx, before, after, step, wall(), skips, final, info, signal_name
                     )
             after = _evaluation(ctx, state, step)
             if after:
@@ -410,9 +413,12 @@ def run_training(prepared: PreparedRun, *, resume_command: str | None = None) ->
             ctx.run_dir / config.export.directory,
             config.export.dtype,
         )
-    _plot(ctx.run_dir)
     summary = _summary(ctx, before, after, step, wall(), skips, final, info, None)
-    (ctx.run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    if is_main_process():  # one writer per job
+        _plot(ctx.run_dir)
+        (ctx.run_dir / SUMMARY_FILE).write_text(
+            json.dumps(summary, indent=2, sort_keys=True) + "\n"
+        )
     return summary
 
 

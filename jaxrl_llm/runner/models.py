@@ -28,6 +28,7 @@ from jaxrl_llm.models import Decoder, ValueHead, ValueModel, from_pretrained, sa
 from jaxrl_llm.runner.config import RunConfig
 from jaxrl_llm.tokenizer import load_tokenizer
 from jaxrl_llm.train import ModelGraphs
+from sharding import fetch_global, is_main_process
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -164,6 +165,9 @@ def export_policy(
 ) -> pathlib.Path:
     """Write the policy `merge(graphs.policy, params, frozen)` as a Hugging Face checkpoint.
 
+    Every process of a multi-process job calls it (sharded parameters are gathered); process 0
+    writes.
+
     Examples:
       >>> import tempfile
       >>> from jaxrl_llm.models import ModelConfig
@@ -175,7 +179,10 @@ def export_policy(
       >>> sorted(p.name for p in out.iterdir())
       ['config.json', 'model.safetensors']
     """
-    policy = nnx.merge(graphs.policy, jax.device_get(params), jax.device_get(frozen))
+    params, frozen = fetch_global((params, frozen))  # every process: a collective when sharded
     path = pathlib.Path(path)
+    if not is_main_process():  # one writer per job
+        return path
+    policy = nnx.merge(graphs.policy, params, frozen)
     save_pretrained(policy, path, dtype=None if dtype is None else DTYPES[dtype])
     return path

@@ -34,6 +34,7 @@ from jaxrl_llm.runner.context import RunContext
 from jaxrl_llm.runner.programs import logprob_program
 from jaxrl_llm.train import TrainState, prepare_preference_batch
 from jaxrl_llm.train.shardings import batch_sharding
+from sharding import fetch_global
 
 
 def load_preference_examples(config: RunConfig, tokenizer: Any) -> tuple[list[Any], dict[str, int]]:
@@ -106,7 +107,7 @@ def _preference_step(
         )
         update_start = time.perf_counter()
         state, metrics = ctx.update(state, batch)
-        metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        metrics = {k: float(v) for k, v in fetch_global(metrics).items()}
     done = time.perf_counter()
     metrics.update(
         {

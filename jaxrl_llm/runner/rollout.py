@@ -46,6 +46,7 @@ from jaxrl_llm.sampler.row_groups import (
 )
 from jaxrl_llm.train import SequenceBatch
 from jaxrl_llm.train.shardings import batch_sharding
+from sharding import fetch_global, from_main_process
 
 
 class Collected(NamedTuple):
@@ -194,7 +195,7 @@ def _sample_part(
         key,
         G,
     )
-    completion_tokens, completion_mask, lengths, truncated, in_graph = jax.device_get(
+    completion_tokens, completion_mask, lengths, truncated, in_graph = fetch_global(
         (
             rollout.completion_tokens,
             rollout.completion_mask,
@@ -215,6 +216,7 @@ def _sample_part(
         G,
     )
     scores = combine_rewards(config, rewards, valid, lengths, G)
+    scores = Scores(*from_main_process(tuple(scores[:4])), metrics=scores.metrics)
     part = {
         "rollout": rollout,
         "scores": scores,

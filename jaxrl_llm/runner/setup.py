@@ -47,7 +47,7 @@ from jaxrl_llm.train import (
     train_state_shardings,
 )
 from jaxrl_llm.train.shardings import param_shardings
-from sharding import make_mesh
+from sharding import is_main_process, make_mesh, place_global, wait_for_all_processes
 
 log = logging.getLogger(__name__)
 CHECKPOINT_DIR = "checkpoints"
@@ -118,6 +118,26 @@ def _check_run_dir(run_dir: pathlib.Path, resume: bool) -> bool:
             "or choose another --run-dir."
         )
     return False
+
+
+def _check_processes(config: RunConfig) -> None:
+    """Multi-process jobs (`jax.process_count() > 1`, started by `jaxrl-llm train` through
+    `sharding.initialize_distributed`) run every step-by-step form over one global mesh; the
+    compiled iteration is refused (docs/running.md).
+
+    Examples:
+      >>> from jaxrl_llm.runner.config import ModelSection
+      >>> from jaxrl_llm.train import SFTConfig
+      >>> _check_processes(RunConfig(model=ModelSection(checkpoint="/m"), sft=SFTConfig()))
+    """
+    if jax.process_count() == 1:
+        return
+    if config.kind == "rl" and config.train.compiled_iterations is not None:
+        raise ConfigError(
+            "train.compiled_iterations: the compiled RL iteration runs in one process; this "
+            f"job has {jax.process_count()} (jax.process_count()). Set it to null for a "
+            "multi-host run."
+        )
 
 
 def _sampling(config: RunConfig, tokenizer: Any) -> Any:
@@ -200,16 +220,13 @@ def prepare_run(config: RunConfig, *, resume: bool = False) -> PreparedRun:
     """
     if config.run_dir is None:
         raise ConfigError("run_dir: not set; pass --run-dir or set run_dir in the config.")
-    if jax.process_count() > 1:
-        raise ConfigError(
-            "the training loop runs in one process; multi-host runs (jax.process_count() = "
-            f"{jax.process_count()}) are not supported yet."
-        )
+    _check_processes(config)
     check_devices(config, jax.device_count())
     enable_compilation_cache(config.train.compilation_cache)
     mesh = make_mesh(config.mesh)
     run_dir = pathlib.Path(config.run_dir)
     restart = _check_run_dir(run_dir, resume)
+    wait_for_all_processes("jaxrl_llm: run directory checked")  # before any process writes
     with jax.set_mesh(mesh):  # placing and initialising sharded arrays needs the mesh
         context, state, info = build_context(config, mesh, run_dir)
     checkpointer = Checkpointer.from_config(run_dir / CHECKPOINT_DIR, config.checkpoint)
@@ -221,7 +238,8 @@ def prepare_run(config: RunConfig, *, resume: bool = False) -> PreparedRun:
             "from step 0 (its metrics are replaced)",
             run_dir,
         )
-        (run_dir / METRICS_FILE).unlink()
+        if is_main_process():
+            (run_dir / METRICS_FILE).unlink()
     elif resume:
         try:
             with jax.set_mesh(mesh):
@@ -280,8 +298,8 @@ def build_context(
     check_vocabulary(tokenizer, policy)
     critic = build_critic(config, policy)
     graphs, params, frozen = _split(config, policy, critic)
-    params = jax.device_put(params, param_shardings(params, mesh))
-    frozen = jax.device_put(frozen, param_shardings(frozen, mesh))
+    params = place_global(params, param_shardings(params, mesh))
+    frozen = place_global(frozen, param_shardings(frozen, mesh))
     info: dict[str, Any] = {
         "data/too_long_prompts_train": task.too_long_prompts["train"],
         "data/too_long_prompts_eval": task.too_long_prompts["eval"],
@@ -306,7 +324,7 @@ def build_context(
     state = init_train_state(
         params, frozen, optimizer, key=jax.random.key(config.seed), kl=controller_state
     )
-    state = jax.device_put(state, train_state_shardings(state, mesh, optimizer))
+    state = place_global(state, train_state_shardings(state, mesh, optimizer))
     objective = algorithm or config.sft or config.preference
     groups = update_row_groups(config, task, params["policy"], mesh)
     update = update_program(

@@ -28,6 +28,7 @@ from jaxrl_llm.runner.programs import update_program
 from jaxrl_llm.runner.task import TaskData, sft_batch
 from jaxrl_llm.train import ModelGraphs, OptimConfig, SFTConfig, init_train_state, make_optimizer
 from jaxrl_llm.train.shardings import batch_sharding, train_state_shardings
+from sharding import place_global
 
 log = logging.getLogger(__name__)
 WARM_START_DIR = "warm_start"
@@ -134,7 +135,7 @@ def _train(
         {"policy": params}, {"policy": frozen}, optimizer, key=jax.random.key(config.seed)
     )
     # the step is compiled for the state's mesh layout (the fresh optimizer moments included)
-    state = jax.device_put(state, train_state_shardings(state, mesh, optimizer))
+    state = place_global(state, train_state_shardings(state, mesh, optimizer))
     step = update_program(SFTConfig(), policy_graphs, optim, mesh, state, config.parallel)
     position = IteratorState(seed=config.data.seed + 1, epoch=0, position=0)
     sharding = batch_sharding(mesh)

@@ -152,5 +152,9 @@ def test_two_processes_build_one_global_batch_and_agree_on_a_reduction():
         assert r["again"] == r["info"]  # initialize_distributed is idempotent
         assert r["info"] == [pid, 2, f"127.0.0.1:{port}", "environment"]
     assert results[0]["sum_sq"] == results[1]["sum_sq"]
+    for r in results:  # the job-wide host helpers
+        assert r["fetched"] == x.tolist()
+        assert r["from_main"] == {"ids": [0, 0, 0], "flag": [False]}
+        assert r["any_on_1"] is True and r["any_none"] is False
     # log_main: only process 0 logs
     assert "main says hello" in outputs[0][1] and "main says hello" not in outputs[1][1]

@@ -2,7 +2,10 @@
 
 Starts the distributed runtime from the `JAXRL_*` environment, loads this host's slice of a
 16-row batch, assembles the global array over a (data=2, fsdp=4, tensor=1) mesh and computes
-a jitted global reduction whose result every process prints (`RESULT {json}`).
+a jitted global reduction whose result every process prints (`RESULT {json}`), and uses the
+job-wide host helpers the training loop uses: `fetch_global` of the batch-sharded batch,
+`from_main_process` of values that differ per process, `any_process` of a flag set on
+process 1 only, and the barrier `wait_for_all_processes`.
 """
 
 from __future__ import annotations
@@ -17,16 +20,21 @@ jax.config.update("jax_cpu_collectives_implementation", "gloo")
 
 from sharding import (  # noqa: E402  (the config update must come first)
     MeshConfig,
+    any_process,
+    fetch_global,
+    from_main_process,
     host_batch_slice,
     initialize_distributed,
     log_main,
     make_global_batch,
     make_mesh,
+    wait_for_all_processes,
 )
 
 
 def main() -> None:
     info = initialize_distributed(initialization_timeout=60)
+    pid = info.process_id
     again = initialize_distributed()
     import jax.numpy as jnp
     import numpy as np
@@ -47,6 +55,8 @@ def main() -> None:
         return jnp.sum(a * a), jax.sharding.reshard(per_row, replicated)
 
     total, per_row = reduce(batch["x"])
+    mine = {"ids": np.full(3, jax.process_index(), np.int32), "flag": np.array([pid == 1])}
+    wait_for_all_processes("two_process_runner: before the helpers")
     result = {
         "process": jax.process_index(),
         "process_count": jax.process_count(),
@@ -56,6 +66,10 @@ def main() -> None:
         "rows": np.asarray(per_row.addressable_data(0)).astype(float).tolist(),
         "info": list(info),
         "again": list(again),
+        "fetched": fetch_global(batch["x"]).tolist(),  # the whole 16 rows on each process
+        "from_main": {k: v.tolist() for k, v in from_main_process(mine).items()},
+        "any_on_1": any_process(jax.process_index() == 1),
+        "any_none": any_process(False),
     }
     print("RESULT " + json.dumps(result), flush=True)
 

@@ -4,7 +4,8 @@ Imports nothing but jax. The mesh has three axes, `data`, `fsdp` and `tensor` (D
 `rules` maps the models' logical axis names onto them; `trees` turns whole pytrees
 (parameters, batches, caches, optimizer states) into `NamedSharding`s; `constraints.shard`
 constrains activations; `checks.check_replication` fails when too much stays replicated;
-`distributed` starts multi-process jobs and assembles global batches from per-host slices.
+`distributed` starts multi-process jobs, assembles global batches from per-host slices and
+keeps the processes' host sides in agreement.
 """
 
 from sharding.checks import ReplicationReport, check_replication

@@ -3,7 +3,9 @@
 One JAX process runs per host (per GPU node, per TPU VM). Every process runs the same program;
 each loads only its own slice of the global batch, and `make_global_batch` assembles the
 slices into one global `jax.Array` sharded over the mesh, which every jitted step then treats
-as a single array.
+as a single array. The host side of a job (`jaxrl-llm train` on several hosts) agrees through
+four collectives: `fetch_global` reads whole arrays back on every process, `from_main_process`
+keeps process 0's host values, `any_process` ors a flag, `wait_for_all_processes` is a barrier.
 
 `initialize_distributed` decides how to start, in this order:
 

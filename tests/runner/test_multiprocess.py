@@ -15,9 +15,14 @@ from __future__ import annotations
 
 import json
 
+import jax
 import numpy as np
+import pytest
 from safetensors.numpy import load_file
 
+from jaxrl_llm.config import ConfigError
+from jaxrl_llm.runner import load_run_config
+from jaxrl_llm.runner.setup import _check_processes
 from tests.runner.helpers import CONFIGS, TINY, records
 from tests.simulated_devices import run_on_devices, run_two_processes
 
@@ -85,13 +90,6 @@ def test_two_processes_train_like_one_process(tmp_path):
 
 
 def test_the_compiled_iteration_is_refused_in_a_multi_process_job(monkeypatch):
-    import jax
-    import pytest
-
-    from jaxrl_llm.config import ConfigError
-    from jaxrl_llm.runner import load_run_config
-    from jaxrl_llm.runner.setup import _check_processes
-
     config = load_run_config(CONFIGS / "grpo.yaml", ["train.compiled_iterations=5"], run_dir="/r")
     _check_processes(config)  # one process: any form runs
     monkeypatch.setattr(jax, "process_count", lambda: 2)

@@ -4,8 +4,9 @@ One JAX process runs per host (per GPU node, per TPU VM). Every process runs the
 each loads only its own slice of the global batch, and `make_global_batch` assembles the
 slices into one global `jax.Array` sharded over the mesh, which every jitted step then treats
 as a single array. The host side of a job (`jaxrl-llm train` on several hosts) agrees through
-four collectives: `fetch_global` reads whole arrays back on every process, `from_main_process`
-keeps process 0's host values, `any_process` ors a flag, `wait_for_all_processes` is a barrier.
+five collectives: `fetch_global` reads whole arrays back on every process,
+`gather_from_processes` stacks every process's host values, `from_main_process` keeps process
+0's host values, `any_process` ors a flag, `wait_for_all_processes` is a barrier.
 
 `initialize_distributed` decides how to start, in this order:
 
@@ -258,12 +259,59 @@ def fetch_global(tree: Any) -> Any:
     return jax.tree.map(leaf, tree)
 
 
+def _to_wire(x: np.ndarray) -> np.ndarray:
+    """`x` as an array JAX carries bit for bit: booleans as uint8 (a broadcast is a sum over
+    the processes), 8-byte values as pairs of uint32 (JAX without x64 would cast them to 32
+    bits)."""
+    if x.dtype == bool:
+        return x.astype(np.uint8)
+    if x.dtype.itemsize == 8:
+        return np.ascontiguousarray(x).reshape(-1).view(np.uint32)
+    return x
+
+
+def _from_wire(like: np.ndarray, got: Any, *, stacked: bool = False) -> np.ndarray:
+    """The inverse of `_to_wire` for an array shaped and typed like `like` (with a leading
+    process axis when `stacked`)."""
+    got = np.asarray(got)
+    lead = got.shape[:1] if stacked else ()
+    if like.dtype.itemsize == 8:
+        return (
+            np.ascontiguousarray(got)
+            .reshape((*lead, -1))
+            .view(like.dtype)
+            .reshape(lead + like.shape)
+        )
+    return got.astype(like.dtype)
+
+
+def gather_from_processes(arrays: Any) -> Any:
+    """Every process's host values of a pytree of arrays, stacked along a new leading axis of
+    size `jax.process_count()` (a collective, `multihost_utils.process_allgather`: every process
+    calls it at the same point with arrays of the same shapes and dtypes). Values arrive bit
+    for bit, 64-bit ones and booleans included. The training loop scores each process's share
+    of the completions and gathers the scores this way.
+
+    Examples:
+      >>> out = gather_from_processes({"rows": np.array([3, 4]), "mean": 0.1})
+      >>> out["rows"].tolist(), out["mean"].tolist()
+      ([[3, 4]], [0.1])
+    """
+    host = jax.tree.map(np.asarray, arrays)
+    if jax.process_count() == 1:
+        return jax.tree.map(lambda x: x[None], host)
+    from jax.experimental import multihost_utils
+
+    got = multihost_utils.process_allgather(jax.tree.map(_to_wire, host), tiled=False)
+    return jax.tree.map(lambda x, y: _from_wire(x, y, stacked=True), host, got)
+
+
 def from_main_process(arrays: Any) -> Any:
     """Process 0's values of a pytree of host arrays, on every process (a collective,
     `multihost_utils.broadcast_one_to_all`); the arrays themselves on one process. Every
-    process passes arrays of the same shapes and dtypes. The training loop scores completions
-    on every process and keeps process 0's scores, so that a reward that differs between
-    hosts (a timeout, a clock) cannot split the job's view of the batch.
+    process passes arrays of the same shapes and dtypes; 64-bit values and booleans arrive
+    unchanged (`gather_from_processes`). Use it for a host value that could differ between
+    processes (a clock, a random draw on the host) and must be the same everywhere.
 
     Examples:
       >>> from_main_process({"valid": np.array([True, False])})["valid"].tolist()
@@ -274,10 +322,8 @@ def from_main_process(arrays: Any) -> Any:
     from jax.experimental import multihost_utils
 
     host = jax.tree.map(np.asarray, arrays)
-    # booleans travel as uint8 (the broadcast is a sum over the processes)
-    sent = jax.tree.map(lambda x: x.astype(np.uint8) if x.dtype == bool else x, host)
-    got = multihost_utils.broadcast_one_to_all(sent)
-    return jax.tree.map(lambda x, y: np.asarray(y).astype(x.dtype), host, got)
+    got = multihost_utils.broadcast_one_to_all(jax.tree.map(_to_wire, host))
+    return jax.tree.map(_from_wire, host, got)
 
 
 def any_process(flag: bool) -> bool:
@@ -291,10 +337,7 @@ def any_process(flag: bool) -> bool:
     """
     if jax.process_count() == 1:
         return bool(flag)
-    from jax.experimental import multihost_utils
-
-    flags = multihost_utils.process_allgather(np.asarray([bool(flag)], np.int32))
-    return bool(np.asarray(flags).any())
+    return bool(gather_from_processes(np.asarray(bool(flag))).any())
 
 
 def wait_for_all_processes(name: str) -> None:

@@ -8,7 +8,8 @@ Host side (Python, on decoded text):
   `math_answer`, `exact_match`, `exact_answer`, `tag_format`, `regex_format`, `overlong`.
 - `registry`: `RewardFunctionConfig` → `RewardFunction` (a built-in name or `module:function`).
 - `guard`: `score_rewards` runs the functions with a per-call timeout and a failure policy
-  (`fail` / `score` / `drop_group`), returning `rewards[N, K]`, `valid[N]` and metrics.
+  (`fail` / `score` / `drop_group`), returning `rewards[N, K]`, `valid[N]` and metrics;
+  `merge_reward_metrics` joins the metrics of parts of a batch scored separately.
 - `decode`: `decode_completions` turns sampler output into the text the functions see.
 - `score`: `score_completions`, the training loop's one call: decode, attach the example
   fields (+ `completion_lengths`), `score_rewards` with the config's policy.
@@ -38,6 +39,8 @@ from jaxrl_llm.rewards.guard import (
     RewardScores,
     call_with_timeout,
     describe_failure,
+    merge_reward_metrics,
+    reward_metric_names,
     score_rewards,
 )
 from jaxrl_llm.rewards.jax_rewards import completion_content, exact_answer_reward
@@ -86,11 +89,13 @@ __all__ = [
     "follows_tag_format",
     "import_callable",
     "math_answer",
+    "merge_reward_metrics",
     "normalize_text",
     "overlong",
     "parse_number",
     "regex_format",
     "resolve_reward_function",
+    "reward_metric_names",
     "score_completions",
     "score_rewards",
     "tag_format",

@@ -433,3 +433,61 @@ def score_rewards(
             on_failure,
         )
     return RewardScores(rewards, valid, tuple(failures), metrics)
+
+
+def reward_metric_names(function_names: Sequence[str]) -> list[str]:
+    """The keys of `RewardScores.metrics` for reward functions of these names, in order.
+
+    Examples:
+      >>> reward_metric_names(["acc"])[:3]
+      ['reward/acc/mean', 'reward/acc/failures', 'reward/failures/raised']
+    """
+    names = [f"reward/{name}/{stat}" for name in function_names for stat in ("mean", "failures")]
+    return [*names, *(f"reward/failures/{kind}" for kind in FAILURE_KINDS), "reward/dropped_groups"]
+
+
+def merge_reward_metrics(
+    parts: Sequence[Mapping[str, float]], rows: Sequence[int]
+) -> dict[str, float]:
+    """The `score_rewards` metrics of a batch from those of its parts: whole groups of the
+    batch scored separately (one part per process of a multi-host job), `rows[i]` rows in
+    part `i`. Counts add up; `reward/<name>/mean`, a mean over the rows where the function
+    succeeded, is weighted by each part's `rows − failures`. Row counts then equal those of
+    the whole batch scored at once; `reward/failures/<kind>` counts failed calls or rows, and
+    a call that fails as a whole (a timeout) counts once per part that made it.
+
+    Args:
+      parts: each part's metrics, all with the same keys in the same order.
+      rows: each part's number of rows.
+
+    Raises:
+      ValueError: no parts, a row count per part missing, or parts with different keys.
+
+    Examples:
+      >>> a = {"reward/f/mean": 1.0, "reward/f/failures": 1.0, "reward/dropped_groups": 0.0}
+      >>> b = {"reward/f/mean": 0.25, "reward/f/failures": 0.0, "reward/dropped_groups": 1.0}
+      >>> merge_reward_metrics([a, b], [2, 4])  # (1 · 1.0 + 4 · 0.25) / 5
+      {'reward/f/mean': 0.4, 'reward/f/failures': 1.0, 'reward/dropped_groups': 1.0}
+    """
+    if not parts or len(parts) != len(rows):
+        raise ValueError(
+            f"merge_reward_metrics: need one row count per part and at least one part, got "
+            f"{len(parts)} parts and {len(rows)} row counts."
+        )
+    keys = list(parts[0])
+    for i, part in enumerate(parts[1:], start=1):
+        if list(part) != keys:
+            raise ValueError(
+                f"merge_reward_metrics: part {i} has the keys {sorted(part)}, part 0 {sorted(keys)}."
+            )
+    merged: dict[str, float] = {}
+    for key in keys:
+        failures = key.removesuffix("/mean") + "/failures"
+        if key.endswith("/mean") and failures in parts[0]:
+            ok = [n - part[failures] for part, n in zip(parts, rows, strict=True)]
+            total = sum(ok)
+            weighted = sum(w * part[key] for w, part in zip(ok, parts, strict=True))
+            merged[key] = float(weighted / total) if total else 0.0
+        else:
+            merged[key] = float(sum(part[key] for part in parts))
+    return merged

@@ -89,6 +89,7 @@ from jaxrl_llm.runner.scoring import (
     combine_rewards,
     component_rewards,
     group_has_spread,
+    process_groups,
     reward_metrics,
 )
 from jaxrl_llm.runner.setup import PreparedRun, build_context, prepare_run, update_row_groups
@@ -154,6 +155,7 @@ __all__ = [
     "parse_override",
     "pass_at_k",
     "prepare_run",
+    "process_groups",
     "prompt_batch",
     "prompt_group_size",
     "reward_metrics",

@@ -28,6 +28,7 @@ import numpy as np
 
 import losses
 from jaxrl_llm.data import IteratorState, next_batch
+from jaxrl_llm.rewards import merge_reward_metrics
 from jaxrl_llm.runner.context import RunContext
 from jaxrl_llm.runner.programs import rollout_program
 from jaxrl_llm.runner.scoring import (
@@ -46,7 +47,7 @@ from jaxrl_llm.sampler.row_groups import (
 )
 from jaxrl_llm.train import SequenceBatch
 from jaxrl_llm.train.shardings import batch_sharding
-from sharding import fetch_global, from_main_process
+from sharding import fetch_global
 
 
 class Collected(NamedTuple):
@@ -216,7 +217,6 @@ def _sample_part(
         G,
     )
     scores = combine_rewards(config, rewards, valid, lengths, G)
-    scores = Scores(*from_main_process(tuple(scores[:4])), metrics=scores.metrics)
     part = {
         "rollout": rollout,
         "scores": scores,
@@ -248,17 +248,6 @@ def _take(arrays: list[Any], rows: np.ndarray | None) -> Any:
 def _host_take(values: list[np.ndarray], rows: np.ndarray | None) -> np.ndarray:
     joined = np.concatenate(values, axis=0)
     return joined if rows is None else joined[rows]
-
-
-def _sum_metrics(parts: list[dict[str, Any]]) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for part in parts:
-        for key, value in part["fn_metrics"].items():
-            if key.endswith("/mean"):  # per-function means: average over the parts
-                out[key] = out.get(key, 0.0) + value / len(parts)
-            else:  # failure and dropped-group counts add up
-                out[key] = out.get(key, 0.0) + value
-    return out
 
 
 def collect(
@@ -308,7 +297,9 @@ def collect(
     truncated = np.concatenate([p["truncated"] for p in parts])
     metrics = {
         **reward_metrics(all_scores, lengths, truncated),
-        **_sum_metrics(parts),
+        **merge_reward_metrics(
+            [p["fn_metrics"] for p in parts], [len(p["lengths"]) for p in parts]
+        ),
         "time/sample_s": sum(p["sample_s"] for p in parts),
         "time/reward_s": sum(p["reward_s"] for p in parts),
         "rollout/completion_tokens": float(lengths.sum()),

@@ -4,7 +4,9 @@ goes to the advantage estimator.
 Per prompt batch of `B` prompts × `G` samples:
 
     components r[N, K]   in-graph exact_answer_reward (rewards.jax_native) or the host reward
-                         functions (`score_completions`, with the config's failure policy)
+                         functions (`score_completions`, with the config's failure policy;
+                         in a multi-process job each process scores its block of groups,
+                         `process_groups`, and the blocks are gathered)
     valid[N]             False on rows of groups dropped by `on_failure: drop_group`
     overlong p[N]        −factor·ramp(length)  (train.overlong; DAPO's soft punishment)
     total[N]             Σ_k w_k r_k + p                                  (reward/mean)
@@ -22,13 +24,21 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 import losses
 from jaxrl_llm.data import PromptBatch
-from jaxrl_llm.rewards import combined_advantages, score_completions
+from jaxrl_llm.rewards import (
+    RewardFunctionError,
+    combined_advantages,
+    merge_reward_metrics,
+    reward_metric_names,
+    score_completions,
+)
 from jaxrl_llm.runner.config import RunConfig
+from sharding import gather_from_processes
 
 
 class Scores(NamedTuple):
@@ -72,6 +82,10 @@ def component_rewards(
     if in_graph is not None:
         rewards = np.asarray(in_graph, np.float32)[:, None]
         return rewards, np.ones(rewards.shape[0], bool), {}
+    if jax.process_count() > 1:
+        return _score_on_processes(
+            config, functions, batch, completion_tokens, completion_mask, tokenizer, group_size
+        )
     scores = score_completions(
         functions,
         config.rewards,
@@ -83,6 +97,105 @@ def component_rewards(
         group_size=group_size,
     )
     return scores.rewards, scores.valid, scores.metrics
+
+
+def process_groups(num_groups: int, num_processes: int, process: int) -> range:
+    """The groups of a batch that `process` scores in a multi-process job: consecutive blocks
+    of ⌈B / P⌉ groups, the last ones shorter or empty. A group stays on one process, so the
+    `drop_group` policy sees whole groups.
+
+    Examples:
+      >>> [list(process_groups(5, 2, p)) for p in range(2)]
+      [[0, 1, 2], [3, 4]]
+      >>> [len(process_groups(1, 2, p)) for p in range(2)]
+      [1, 0]
+    """
+    per = -(-num_groups // num_processes)
+    return range(min(num_groups, process * per), min(num_groups, (process + 1) * per))
+
+
+def _score_on_processes(
+    config: RunConfig,
+    functions: list[Any],
+    batch: PromptBatch,
+    completion_tokens: np.ndarray,
+    completion_mask: np.ndarray,
+    tokenizer: Any,
+    group_size: int,
+) -> tuple[np.ndarray, np.ndarray, dict[str, float]]:
+    """`component_rewards` in a multi-process job: this process scores its `process_groups`,
+    then every process gathers all the blocks (`gather_from_processes`, padded to ⌈B / P⌉
+    groups). A reward function is called once per completion in the whole job, and every
+    process ends with the same rewards. A failure on one process (`on_failure: fail`) stops
+    every process after the gather, instead of leaving the others waiting in it."""
+    B, P, G = len(batch.examples), jax.process_count(), group_size
+    names = reward_metric_names([f.name for f in functions])
+    width = -(-B // P) * G
+    local = {
+        "failed": np.asarray(False),
+        "rewards": np.zeros((width, len(functions)), np.float32),
+        "valid": np.zeros(width, bool),
+        "metrics": np.zeros(len(names), np.float64),
+    }
+    mine, error = process_groups(B, P, jax.process_index()), None
+    if len(mine):
+        rows = slice(mine.start * G, mine.stop * G)
+        try:
+            scores = score_completions(
+                functions,
+                config.rewards,
+                examples=batch.examples[mine.start : mine.stop],
+                prompts=batch.prompts[mine.start : mine.stop],
+                completion_tokens=np.asarray(completion_tokens)[rows],
+                completion_mask=np.asarray(completion_mask)[rows],
+                tokenizer=tokenizer,
+                group_size=G,
+            )
+        except Exception as err:  # every process must reach the gather
+            error, local["failed"] = err, np.asarray(True)
+        else:
+            local["rewards"][: rows.stop - rows.start] = scores.rewards
+            local["valid"][: rows.stop - rows.start] = scores.valid
+            local["metrics"][:] = [scores.metrics[name] for name in names]
+    gathered = gather_from_processes(local)
+    if error is not None:
+        raise error
+    return _join_process_scores(gathered, names, B, G)
+
+
+def _join_process_scores(
+    gathered: dict[str, np.ndarray], names: list[str], num_groups: int, group_size: int
+) -> tuple[np.ndarray, np.ndarray, dict[str, float]]:
+    """`(rewards[N, K], valid[N], metrics)` of the whole batch from every process's block of
+    groups (`_score_on_processes`): `gathered` holds, per process `p` (leading axis), `failed`,
+    `rewards` and `valid` padded to ⌈B / P⌉ groups, and the metric values in `names` order.
+
+    Raises:
+      RewardFunctionError: scoring failed on a process; that process's log has the example.
+
+    Examples:
+      >>> names = reward_metric_names(["acc"])
+      >>> metrics = np.zeros((2, len(names)))
+      >>> metrics[:, 0] = [1.0, 0.0]  # reward/acc/mean of each process's rows
+      >>> gathered = {"failed": np.array([False, False]), "metrics": metrics,
+      ...             "rewards": np.array([[[1.0], [1.0]], [[0.0], [0.0]]], np.float32),
+      ...             "valid": np.ones((2, 2), bool)}
+      >>> rewards, valid, m = _join_process_scores(gathered, names, num_groups=3, group_size=1)
+      >>> rewards[:, 0].tolist(), m["reward/acc/mean"]  # the padding row is left out
+      ([1.0, 1.0, 0.0], 0.6666666666666666)
+    """
+    failed = np.flatnonzero(gathered["failed"])
+    if failed.size:
+        raise RewardFunctionError(
+            f"scoring the rewards failed on process {int(failed[0])} of the job (its log shows "
+            "the failing example); every process stops."
+        )
+    P = len(gathered["failed"])
+    rows = [len(process_groups(num_groups, P, p)) * group_size for p in range(P)]
+    rewards = np.concatenate([gathered["rewards"][p, :n] for p, n in enumerate(rows)])
+    valid = np.concatenate([gathered["valid"][p, :n] for p, n in enumerate(rows)])
+    parts = [dict(zip(names, map(float, values), strict=True)) for values in gathered["metrics"]]
+    return rewards, valid, merge_reward_metrics(parts, rows)
 
 
 def combine_rewards(

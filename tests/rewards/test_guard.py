@@ -13,6 +13,8 @@ from jaxrl_llm.rewards import (
     RewardFunction,
     RewardFunctionError,
     call_with_timeout,
+    merge_reward_metrics,
+    reward_metric_names,
     score_rewards,
 )
 
@@ -221,6 +223,39 @@ def test_failures_are_logged_not_silent(caplog):
         run([nan_on_boom], "score")
     assert "'nan_on_boom' returned nan on row 3 of 6" in caplog.text
     assert "1 failure(s)" in caplog.text
+
+
+@pytest.mark.parametrize("policy", ["score", "drop_group"])
+@pytest.mark.parametrize("cut", [1, 2])  # groups [0, cut) and [cut, 3)
+def test_parts_scored_apart_merge_into_the_whole_batch(policy, cut):
+    fns = [rf(correct), rf(none_on_boom), rf(inf_on_three)]
+    whole = score_rewards(fns, PROMPTS, COMPLETIONS, FIELDS, group_size=G, on_failure=policy)
+    parts = [
+        score_rewards(
+            fns,
+            PROMPTS[rows],
+            COMPLETIONS[rows],
+            {k: v[rows] for k, v in FIELDS.items()},
+            group_size=G,
+            on_failure=policy,
+        )
+        for rows in (slice(0, cut * G), slice(cut * G, N))
+    ]
+    assert list(whole.metrics) == reward_metric_names([f.name for f in fns])
+    merged = merge_reward_metrics([p.metrics for p in parts], [cut * G, N - cut * G])
+    assert merged.keys() == whole.metrics.keys()
+    for key, value in whole.metrics.items():
+        assert merged[key] == pytest.approx(value, rel=1e-6), key
+    assert merged["reward/none_on_boom/mean"] == 0.5 and merged["reward/correct/mean"] > 0
+    np.testing.assert_array_equal(np.concatenate([p.rewards for p in parts]), whole.rewards)
+    np.testing.assert_array_equal(np.concatenate([p.valid for p in parts]), whole.valid)
+
+
+def test_merge_reward_metrics_refuses_parts_that_do_not_fit():
+    with pytest.raises(ValueError, match="one row count per part"):
+        merge_reward_metrics([{"reward/dropped_groups": 0.0}], [1, 2])
+    with pytest.raises(ValueError, match="part 1 has the keys"):
+        merge_reward_metrics([{"a": 1.0}, {"b": 1.0}], [1, 1])
 
 
 def test_mean_metric_counts_only_successful_rows():

@@ -8,7 +8,9 @@ the export; a single process with 4 simulated devices runs the same config on th
 shape while the job runs (the repository's test of a run on a data × FSDP mesh). Each process
 holds only its shards of the batch-sharded rollouts and of the FSDP-sharded parameters, so
 every read on the host (completions for the rewards, evaluation, metrics, the export) is a
-gather (`sharding.fetch_global`).
+gather (`sharding.fetch_global`). The reward is a host function (`TINY`'s `checksum_reward`):
+each process scores its half of the groups, and the scores and reward metrics are gathered
+(`runner.scoring.process_groups`).
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ def test_two_processes_train_like_one_process(tmp_path):
     steps = [r for r in ours if "loss/total" in r]
     assert [r["step"] for r in steps] == [1, 2]
     assert all(r["optim/skipped"] == 0.0 and r["optim/grad_norm"] > 0 for r in steps)
+    assert all("reward/checksum_reward/mean" in r for r in steps)  # scored on the host
     for mine, ref in zip(ours, theirs, strict=True):
         assert mine.keys() == ref.keys()
         for key, value in ref.items():

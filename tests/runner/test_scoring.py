@@ -4,15 +4,24 @@ from __future__ import annotations
 
 import json
 import shutil
+from types import SimpleNamespace
 
 import jax
 import numpy as np
+import pytest
 
 from jaxrl_llm.cli import main
 from jaxrl_llm.data import IteratorState
-from jaxrl_llm.runner import load_run_config, prepare_run
+from jaxrl_llm.rewards import (
+    RewardFunction,
+    RewardFunctionConfig,
+    RewardFunctionError,
+    resolve_reward_function,
+)
+from jaxrl_llm.runner import load_run_config, prepare_run, scoring
 from jaxrl_llm.runner.rollout import _select, collect
-from jaxrl_llm.runner.scoring import combine_rewards, group_has_spread
+from jaxrl_llm.runner.scoring import combine_rewards, component_rewards, group_has_spread
+from jaxrl_llm.tokenizer import ByteTokenizer
 from tests.runner.helpers import CONFIGS, SFT_OPTIM, TINY, records
 
 GRPO = str(CONFIGS / "grpo.yaml")
@@ -174,3 +183,83 @@ def test_prompts_over_the_budget_and_answers_over_t_are_left_out(caplog):
     assert all(fits) and task.too_long_answers == len(task.train) - len(task.sft_train) > 0
     batch = prompt_batch(task, task.train[:3], config, tokenizer)
     assert batch.prompt_tokens.shape == (3, 5) and batch.prompt_mask.all()
+
+
+def _none_on_seven(prompts, completions, **_):
+    return [None if c.startswith("7") else float(len(c)) for c in completions]
+
+
+def _as_processes(monkeypatch, num_processes, score):
+    """What each of `num_processes` processes returns from `score()` (or the error it
+    raises): every process runs it up to the gather, then the gather hands each of them the
+    stacked blocks."""
+    blocks, gathered = [], {}
+
+    class _StopAtTheGatherError(Exception):
+        pass
+
+    def gather(local):
+        if not gathered:
+            blocks.append(local)
+            raise _StopAtTheGatherError
+        return gathered
+
+    monkeypatch.setattr(jax, "process_count", lambda: num_processes)
+    monkeypatch.setattr(scoring, "gather_from_processes", gather)
+    outcomes = []
+    for stage in ("score", "join"):
+        if stage == "join":
+            gathered.update({k: np.stack([b[k] for b in blocks]) for k in blocks[0]})
+        for p in range(num_processes):
+            monkeypatch.setattr(jax, "process_index", lambda p=p: p)
+            try:
+                out = score()
+            except _StopAtTheGatherError:
+                continue
+            except RewardFunctionError as err:
+                out = err
+            outcomes.append(out)
+    return outcomes
+
+
+@pytest.mark.parametrize("num_processes", [2, 4])  # 3 groups: a short block, an empty one
+def test_processes_score_their_groups_and_agree_with_one_process(monkeypatch, num_processes):
+    functions = [
+        resolve_reward_function(RewardFunctionConfig(fn="exact_answer")),
+        RewardFunction("none_on_seven", _none_on_seven, 1.0),
+    ]
+    config = _config("rewards.on_failure=drop_group")
+    examples = ({"answer": "2"}, {"answer": "5"}, {"answer": "7"})
+    batch = SimpleNamespace(examples=examples, prompts=("1+1=", "2+3=", "3+4="))
+    texts = ["2", "2", "5", "55", "7", "77"]  # group 2 fails on the second function
+    tokenizer = ByteTokenizer()
+    tokens = np.zeros((6, 3), np.int32)
+    mask = np.zeros((6, 3), bool)
+    for row, text in enumerate(texts):
+        ids = tokenizer.encode(text, add_bos=False)
+        tokens[row, : len(ids)], mask[row, : len(ids)] = ids, True
+
+    def score():
+        return component_rewards(config, functions, batch, tokens, mask, None, tokenizer, 2)
+
+    one = score()
+    outcomes = _as_processes(monkeypatch, num_processes, score)
+    assert len(outcomes) == num_processes
+    for rewards, valid, metrics in outcomes:
+        np.testing.assert_array_equal(rewards, one[0])
+        np.testing.assert_array_equal(valid, one[1])
+        assert valid.tolist() == [True] * 4 + [False] * 2
+        assert metrics.keys() == one[2].keys()
+        for key, value in one[2].items():
+            assert metrics[key] == pytest.approx(value, rel=1e-6), key  # float32 np.mean
+    assert one[2]["reward/exact_answer/mean"] == pytest.approx(4 / 6)
+
+    config = _config("rewards.on_failure=fail")  # a failure on the last block only
+    outcomes = _as_processes(monkeypatch, num_processes, score)
+    last = 3 - 1 if num_processes == 4 else 1  # the process that holds group 2
+    for p, err in enumerate(outcomes):
+        assert isinstance(err, RewardFunctionError)
+        if p == last:
+            assert "'none_on_seven' returned None on row 0 of 2" in str(err)
+        else:
+            assert f"scoring the rewards failed on process {last} of the job" in str(err)

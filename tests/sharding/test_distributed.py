@@ -154,7 +154,13 @@ def test_two_processes_build_one_global_batch_and_agree_on_a_reduction():
     assert results[0]["sum_sq"] == results[1]["sum_sq"]
     for r in results:  # the job-wide host helpers
         assert r["fetched"] == x.tolist()
-        assert r["from_main"] == {"ids": [0, 0, 0], "flag": [False]}
+        exact = [1.0 + 2.0**-40, 1.0 + 2.0**-39]  # each process's float64, bit for bit
+        assert r["from_main"] == {"ids": [0, 0, 0], "flag": [False], "exact": exact[0]}
+        assert r["gathered"] == {
+            "ids": [[0] * 3, [1] * 3],
+            "flag": [[False], [True]],
+            "exact": exact,
+        }
         assert r["any_on_1"] is True and r["any_none"] is False
     # log_main: only process 0 logs
     assert "main says hello" in outputs[0][1] and "main says hello" not in outputs[1][1]

@@ -4,8 +4,9 @@ Starts the distributed runtime from the `JAXRL_*` environment, loads this host's
 16-row batch, assembles the global array over a (data=2, fsdp=4, tensor=1) mesh and computes
 a jitted global reduction whose result every process prints (`RESULT {json}`), and uses the
 job-wide host helpers the training loop uses: `fetch_global` of the batch-sharded batch,
-`from_main_process` of values that differ per process, `any_process` of a flag set on
-process 1 only, and the barrier `wait_for_all_processes`.
+`gather_from_processes` and `from_main_process` of values that differ per process (int32,
+bool, a float64 that 32 bits cannot hold), `any_process` of a flag set on process 1 only,
+and the barrier `wait_for_all_processes`.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from sharding import (  # noqa: E402  (the config update must come first)
     any_process,
     fetch_global,
     from_main_process,
+    gather_from_processes,
     host_batch_slice,
     initialize_distributed,
     log_main,
@@ -55,7 +57,11 @@ def main() -> None:
         return jnp.sum(a * a), jax.sharding.reshard(per_row, replicated)
 
     total, per_row = reduce(batch["x"])
-    mine = {"ids": np.full(3, jax.process_index(), np.int32), "flag": np.array([pid == 1])}
+    mine = {
+        "ids": np.full(3, jax.process_index(), np.int32),
+        "flag": np.array([pid == 1]),
+        "exact": np.float64(1.0 + 2.0**-40 * (pid + 1)),  # lost in float32
+    }
     wait_for_all_processes("two_process_runner: before the helpers")
     result = {
         "process": jax.process_index(),
@@ -68,6 +74,7 @@ def main() -> None:
         "again": list(again),
         "fetched": fetch_global(batch["x"]).tolist(),  # the whole 16 rows on each process
         "from_main": {k: v.tolist() for k, v in from_main_process(mine).items()},
+        "gathered": {k: v.tolist() for k, v in gather_from_processes(mine).items()},
         "any_on_1": any_process(jax.process_index() == 1),
         "any_none": any_process(False),
     }

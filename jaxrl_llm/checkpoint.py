@@ -199,6 +199,22 @@ def _listed(items: list[str]) -> str:
     return shown + (f"; ... and {more} more" if more > 0 else "")
 
 
+def _without_absent_fields(target: Any, saved_tree: Any) -> tuple[Any, Any]:
+    """`(target to restore, rebuild)`: for a NamedTuple target whose None fields the checkpoint
+    does not hold (a field added to the state type after the checkpoint was written, and empty
+    in this run: `TrainState.reward_moments`), the target as a dict of the saved fields, and
+    the function that turns the restored dict back into the NamedTuple with those fields None.
+    Any other target is restored as it is."""
+    fields = getattr(type(target), "_fields", None)
+    if fields is None or not isinstance(saved_tree, Mapping):
+        return target, lambda restored: restored
+    absent = [f for f in fields if f not in saved_tree and getattr(target, f) is None]
+    if not absent:
+        return target, lambda restored: restored
+    kept = {f: getattr(target, f) for f in fields if f not in absent}
+    return kept, lambda restored: type(target)(**restored, **dict.fromkeys(absent))
+
+
 def _check_matches(saved_tree: Any, target: Any, *, where: str) -> None:
     """Raise `ValueError` naming the first leaves whose names, shapes or dtypes differ."""
     saved: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
@@ -635,6 +651,7 @@ class Checkpointer:
         where = f"step {step} in {self.directory}"
         saved = self._manager.item_metadata(step)[_STATE]
         _check_matches(saved.tree, target, where=where)
+        target, rebuild = _without_absent_fields(target, saved.tree)
         items = {_STATE: ocp.args.StandardRestore(target), _META: ocp.args.JsonRestore()}
         checked = (self.directory / str(step) / _CHECKSUMS).is_dir()  # absent: older checkpoints
         if checked:
@@ -647,14 +664,12 @@ class Checkpointer:
                 f"Checkpointer.restore: {where} is unreadable (corrupt or truncated files: "
                 f"{_root_cause(err)}); {self._fallback_advice(step)}."
             ) from err
+        state = rebuild(restored[_STATE])
         if checked:
             _verify_checksums(
-                restored[_STATE],
-                restored[_CHECKSUMS],
-                where=where,
-                advice=self._fallback_advice(step),
+                state, restored[_CHECKSUMS], where=where, advice=self._fallback_advice(step)
             )
-        return restored[_STATE], dict(restored[_META])
+        return state, dict(restored[_META])
 
     def _fallback_advice(self, step: int) -> str:
         older = [s for s in self.all_steps() if s < step]

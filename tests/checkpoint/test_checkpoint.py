@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -164,6 +165,29 @@ def test_missing_extra_and_dtype_mismatches_are_named(tmp_path):
     assert "not in the checkpoint: b.d" in text
     assert "only in the checkpoint: b.c" in text
     assert "a: checkpoint (2,) float32 vs target (2,) bfloat16" in text
+
+
+class _Before(NamedTuple):  # a state type as an older release saved it
+    step: jax.Array
+    w: jax.Array
+
+
+class _After(NamedTuple):  # the same type with a field added since, empty in most runs
+    step: jax.Array
+    w: jax.Array
+    added: Any = None
+
+
+def test_a_field_added_to_the_state_type_restores_as_none_from_older_checkpoints(tmp_path):
+    old = _Before(jnp.array(3, jnp.int32), jnp.arange(4.0))
+    with Checkpointer(tmp_path, save_every=1, async_save=False) as ckpt:
+        ckpt.save(3, old, {})
+        state, _ = ckpt.restore(target_state=_After(jnp.array(0, jnp.int32), jnp.zeros(4)))
+        assert type(state) is _After and state.added is None
+        np.testing.assert_array_equal(state.w, old.w)
+        assert int(state.step) == 3
+        with pytest.raises(ValueError, match="not in the checkpoint: added"):
+            ckpt.restore(target_state=_After(old.step, old.w, jnp.zeros(2)))  # not empty: needed
 
 
 def test_unfinished_and_unreadable_steps_are_skipped_with_a_warning(tmp_path):

@@ -629,11 +629,6 @@ def _validate_preference(cfg: RunConfig, pref: PreferenceConfig) -> None:
             "data.source: preference runs read preference records from 'jsonl:PATH' or "
             f"generate them from 'arithmetic', got {cfg.data.source!r}."
         )
-    if pref.loss == "bco":
-        raise ConfigError(
-            "preference.loss: 'bco' is not available in the runner yet (its running reward "
-            "mean is not checkpointed); use jaxrl_llm.train.train_preference."
-        )
     if pref.needs_reference_point and cfg.train.prompts_per_step < 2:
         raise ConfigError(
             "train.prompts_per_step: KTO's reference point needs mismatched pairs within a "

@@ -1,4 +1,4 @@
-"""Offline preference runs (`preference:`): DPO, RPO, SimPO, CPO, ORPO and KTO in the loop.
+"""Offline preference runs (`preference:`): DPO, RPO, SimPO, CPO, ORPO, KTO and BCO in the loop.
 
 The records come from `data.source`: a `jsonl:PATH` file (`{"prompt", "chosen", "rejected"}`,
 KTO `{"prompt", "completion", "label"}`) or `arithmetic` (pairs generated from the task,
@@ -6,7 +6,8 @@ the right answer preferred: `jaxrl_llm.data.arithmetic_preference_records`). The
 tokenized once (`preference_data:`, truncation counted). Per step:
 
     B examples from the resumable iterator  →  make_preference_batch (bucketed P, T)
-      →  prepare_preference_batch (reference log-probs, KTO's reference point)
+      →  prepare_preference_batch (reference log-probs, KTO's reference point, BCO's
+         running reward mean δ, kept in `TrainState.reward_moments`)
       →  the compiled update step of `preference_objective`
 
 The reference policy is the initial policy (a copy of its trainable parameters). Evaluation
@@ -97,14 +98,19 @@ def _preference_step(
     batch = jax.device_put(batch, batch_sharding(ctx.mesh))
     logprob = logprob_program(ctx.graphs.policy, 1.0, config.preference.chunk_size)
     with jax.set_mesh(ctx.mesh):
-        batch, _ = prepare_preference_batch(
+        batch, moments = prepare_preference_batch(
             config.preference,
             batch,
             logprob_fn=logprob,
             policy_params=state.params["policy"],
             ref_params=ctx.reference,
             frozen=state.frozen["policy"],
+            reward_moments=state.reward_moments,
         )
+        state = state._replace(reward_moments=moments)  # BCO's shift δ: checkpointed with it
+        # the per-row fields prepared here (KTO's reference point, BCO's shift) are built
+        # replicated: rows over the batch axes, as the update step takes them
+        batch = jax.device_put(batch, batch_sharding(ctx.mesh))
         update_start = time.perf_counter()
         state, metrics = ctx.update(state, batch)
         metrics = {k: float(v) for k, v in fetch_global(metrics).items()}

@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 
 import jax
 
+import losses
 from jaxrl_llm.checkpoint import Checkpointer
 from jaxrl_llm.config import ConfigError
 from jaxrl_llm.data import IteratorState
@@ -321,8 +322,14 @@ def build_context(
     reference = reference_params(params) if uses_reference else None
     optimizer = make_optimizer(config.optim)
     controller_state = kl_controller(algorithm.kl).init() if algorithm is not None else None
+    bco = config.preference is not None and config.preference.loss == "bco"
     state = init_train_state(
-        params, frozen, optimizer, key=jax.random.key(config.seed), kl=controller_state
+        params,
+        frozen,
+        optimizer,
+        key=jax.random.key(config.seed),
+        kl=controller_state,
+        reward_moments=losses.init_running_moments() if bco else None,
     )
     state = place_global(state, train_state_shardings(state, mesh, optimizer))
     objective = algorithm or config.sft or config.preference

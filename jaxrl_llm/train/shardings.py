@@ -103,4 +103,5 @@ def train_state_shardings(state: Any, mesh: Mesh, optimizer: optax.GradientTrans
         opt_state=opt_state,
         key=replicated,
         kl=jax.tree.map(lambda _: replicated, state.kl),
+        reward_moments=jax.tree.map(lambda _: replicated, state.reward_moments),
     )

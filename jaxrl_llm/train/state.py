@@ -6,6 +6,9 @@
     opt_state optax state over `params`
     key       PRNG key      minibatch shuffling (split every step)
     kl        KLControllerState   the KL coefficient β (fixed or adaptive controller)
+    reward_moments  RunningMoments or None   BCO's running reward statistics (the shift δ
+              of a `preference.loss: bco` run; set by `prepare_preference_batch`, passed
+              through the update step); None otherwise
 
 The update step is compiled with the whole state donated, so after a step only the returned
 state is valid: read `state.frozen` from the latest state (it is the same buffers).
@@ -40,6 +43,7 @@ class TrainState(NamedTuple):
     opt_state: Any
     key: jax.Array
     kl: losses.KLControllerState
+    reward_moments: losses.RunningMoments | None = None
 
 
 def init_train_state(
@@ -49,6 +53,7 @@ def init_train_state(
     *,
     key: jax.Array,
     kl: losses.KLControllerState | None = None,
+    reward_moments: losses.RunningMoments | None = None,
 ) -> TrainState:
     """A fresh `TrainState`: step 0, optimizer state initialised on `params`.
 
@@ -58,6 +63,8 @@ def init_train_state(
       optimizer: the optax transformation (from `make_optimizer`).
       key: a `jax.random.key` for minibatch shuffling.
       kl: initial KL controller state (e.g. `kl_controller(config.kl).init()`); None: β = 0.
+      reward_moments: BCO's running reward statistics (`losses.init_running_moments()` for
+        a BCO run); None for every other objective.
 
     Returns:
       The `TrainState`. Under a mesh, place `params`/`frozen` first; the optimizer state is
@@ -86,4 +93,5 @@ def init_train_state(
         opt_state=opt_state,
         key=key,
         kl=losses.KLControllerState(beta=jnp.asarray(kl.beta, jnp.float32)),
+        reward_moments=reward_moments,
     )

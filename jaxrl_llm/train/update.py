@@ -420,13 +420,8 @@ def finish_update(
         metrics["optim/learning_rate"] = jnp.asarray(learning_rate(opt_state), jnp.float32)
     if kl_controller is not None:
         metrics["kl/beta"] = jnp.asarray(state.kl.beta, jnp.float32)  # the β of this step
-    new_state = TrainState(
-        step=state.step + 1,
-        params=params,
-        frozen=state.frozen,
-        opt_state=opt_state,
-        key=next_key,
-        kl=kl,
+    new_state = state._replace(
+        step=state.step + 1, params=params, opt_state=opt_state, key=next_key, kl=kl
     )
     return new_state, metrics
 

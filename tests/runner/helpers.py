@@ -76,6 +76,15 @@ SFT_OPTIM = [
     "optim.weight_decay=0.0",
 ]
 
+PREFERENCE = [  # the model, data and run length of a preference config's run (configs/dpo.yaml)
+    "model.init={family: qwen3, vocab_size: 259, hidden_size: 16, intermediate_size: 32, "
+    "num_layers: 1, num_heads: 2, num_kv_heads: 1, head_dim: 8}",
+    *(o for o in TINY if not o.startswith("model.")),
+    "optim.total_steps=null",
+    "optim.schedule=constant",
+    "preference_data.bucket_minimum=4",
+]
+
 
 def checksum_reward(prompts, completions, **fields):
     """A reward that differs between almost any two completions: byte sum mod 7, in [0, 1]."""

@@ -97,8 +97,6 @@ def test_preference_run_rules(capsys, tmp_path):
     kto = str(CONFIGS / "kto.yaml")
     err = _error(capsys, ["train", kto, *model, *TINY, "train.prompts_per_step=1"])
     assert "KTO's reference point needs mismatched pairs" in err
-    err = _error(capsys, ["train", kto, *model, *TINY, "preference={loss: bco}"])
-    assert "preference.loss: 'bco' is not available in the runner yet" in err
     err = _error(capsys, ["train", kto, *model, *TINY, "data.source=sorting"])
     assert "data.source: preference runs read preference records" in err
     err = _error(capsys, ["train", kto, *TINY])  # the file has no model; TINY sets its width

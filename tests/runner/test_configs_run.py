@@ -19,8 +19,16 @@ from flax import nnx
 from jaxrl_llm.cli import main
 from jaxrl_llm.config import load_yaml
 from jaxrl_llm.models import Decoder, from_pretrained
-from jaxrl_llm.runner import load_run_config
-from tests.runner.helpers import CONFIGS, RL_CONFIGS, SFT_OPTIM, TINY, records
+from jaxrl_llm.runner import load_run_config, prepare_run
+from tests.runner.helpers import (
+    CONFIGS,
+    PREFERENCE,
+    RL_CONFIGS,
+    SFT_OPTIM,
+    TINY,
+    records,
+    train_records,
+)
 
 TRAIN_KEYS = {
     "reward/mean",
@@ -106,14 +114,7 @@ def test_dpo_config_runs_on_generated_pairs(tmp_path):
     """`configs/dpo.yaml` holds the `preference:` and `optim:` sections; the model, the data
     (pairs generated from the arithmetic task) and the run's length come from overrides."""
     path = CONFIGS / "dpo.yaml"
-    overrides = [
-        "model.init={family: qwen3, vocab_size: 259, hidden_size: 16, intermediate_size: 32, "
-        "num_layers: 1, num_heads: 2, num_kv_heads: 1, head_dim: 8}",
-        *(o for o in TINY if not o.startswith("model.")),
-        "optim.total_steps=null",
-        "optim.schedule=constant",
-        "preference_data.bucket_minimum=4",
-    ]
+    overrides = PREFERENCE
     run_dir = tmp_path / "dpo"
     assert main(["train", str(path), *overrides, "--run-dir", str(run_dir)]) == 0
     summary, steps = _check_run(run_dir, {"loss/total", "pref/accuracy", "optim/grad_norm"})
@@ -121,3 +122,26 @@ def test_dpo_config_runs_on_generated_pairs(tmp_path):
     assert summary["setup"]["data/preference_examples"] == 32
     assert all(np.isfinite(r["loss/total"]) for r in steps)
     assert _moved_parameters(run_dir, overrides, path) > 0
+
+
+def test_bco_config_runs_and_resumes_with_its_reward_shift(tmp_path):
+    """`configs/bco.yaml`: BCO's shift δ (the running mean of the implicit rewards) lives in the
+    train state, so 4 steps equal 2 steps, a resume and 2 more, δ included."""
+    path = str(CONFIGS / "bco.yaml")
+    four = [*PREFERENCE, "train.steps=4", "checkpoint.every=2", "optim.learning_rate=0.01"]
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    assert main(["train", path, *four, "--run-dir", str(straight)]) == 0
+    assert main(["train", path, *four, "train.steps=2", "--run-dir", str(split)]) == 0
+    assert main(["train", path, *four, "--resume", "--run-dir", str(split)]) == 0
+    steps = train_records(straight)
+    assert [r["step"] for r in steps] == [1, 2, 3, 4]
+    assert train_records(split) == steps  # every metric, δ included, exactly
+    deltas = [r["pref/delta"] for r in steps]
+    assert len(set(deltas)) == 4 and all(np.isfinite(deltas)), deltas  # δ moves every step
+    exported = (straight / "export" / "model.safetensors").read_bytes()
+    assert exported == (split / "export" / "model.safetensors").read_bytes()
+    prepared = prepare_run(load_run_config(path, four, run_dir=split), resume=True)
+    prepared.checkpointer.close()
+    moments = prepared.state.reward_moments  # the checkpoint holds δ's statistics
+    assert float(moments.count) == 4 * 2 * 2  # 4 steps × 2 pairs × (chosen, rejected)
+    assert float(moments.mean) == pytest.approx(deltas[-1], abs=1e-7)

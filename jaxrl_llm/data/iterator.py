@@ -14,6 +14,7 @@ own contiguous slice (`host_slice`), so no process needs to talk to another abou
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
@@ -59,15 +60,24 @@ class IteratorState(NamedTuple):
 
 
 def epoch_order(seed: int, epoch: int, num_examples: int, *, shuffle: bool = True) -> np.ndarray:
-    """The order `π_epoch` in which epoch `epoch` visits the `num_examples` examples.
+    """The order `π_epoch` in which epoch `epoch` visits the `num_examples` examples: a
+    read-only array, cached (a run asks for its epoch's order at every step).
 
     Examples:
       >>> epoch_order(0, 0, 5).tolist(), epoch_order(0, 0, 5, shuffle=False).tolist()
       ([2, 4, 3, 0, 1], [0, 1, 2, 3, 4])
     """
-    if not shuffle:
-        return np.arange(num_examples)
-    return np.random.default_rng([seed, epoch]).permutation(num_examples)
+    return _epoch_order(int(seed), int(epoch), int(num_examples), bool(shuffle))
+
+
+@functools.lru_cache(maxsize=4)
+def _epoch_order(seed: int, epoch: int, num_examples: int, shuffle: bool) -> np.ndarray:
+    if shuffle:
+        order = np.random.default_rng([seed, epoch]).permutation(num_examples)
+    else:
+        order = np.arange(num_examples)
+    order.flags.writeable = False
+    return order
 
 
 def next_batch(

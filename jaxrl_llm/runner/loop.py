@@ -208,13 +208,14 @@ def _step_results(
 
 
 def _meta(
-    config: RunConfig,
+    config: dict[str, Any],
     step: int,
     data: IteratorState,
     skips: SkipTracker,
     before: Mapping[str, float],
     wall: float,
 ) -> dict[str, Any]:
+    """The checkpoint's JSON meta; `config` is the run's `config_to_dict`, built once."""
     return {
         "step": step,
         "data": {k: int(v) for k, v in data._asdict().items()},
@@ -222,7 +223,7 @@ def _meta(
         "skips_total": skips.total,
         "before": dict(before),
         "wall_seconds": wall,
-        "config": config_to_dict(config),
+        "config": config,
     }
 
 
@@ -323,19 +324,20 @@ def run_training(prepared: PreparedRun, *, resume_command: str | None = None) ->
     final: dict[str, float] = {}
     step = start
     active_warnings: set[str] = set()
+    config_dict = config_to_dict(config)  # every checkpoint's meta holds it
 
     def wall() -> float:
         return wall_offset + time.perf_counter() - began
 
     def save(at: int) -> None:
-        checkpointer.save(at, state, _meta(config, at, data, skips, before, wall()))
+        checkpointer.save(at, state, _meta(config_dict, at, data, skips, before, wall()))
 
     logger = MetricsLogger.from_config(
         ctx.run_dir,
         config.metrics,
         total_steps=steps,
         resume_step=start if meta else None,
-        run_config=config_to_dict(config),
+        run_config=config_dict,
     )
     try:
         with GracefulStop() as stop, logger:
@@ -381,7 +383,7 @@ def run_training(prepared: PreparedRun, *, resume_command: str | None = None) ->
                 if config.train.eval_every and step % config.train.eval_every == 0 and step < steps:
                     logger.log(step, _evaluation(ctx, state, step))
                 if checkpointer.maybe_save(
-                    step, state, _meta(config, step, data, skips, before, wall())
+                    step, state, _meta(config_dict, step, data, skips, before, wall())
                 ):
                     fault_point("save", step)
                 if any_process(stop.requested):  # every process stops at the same step

@@ -63,6 +63,9 @@ class DataConfig:
     Attributes:
       source: `arithmetic`, `sorting`, `jsonl:PATH`, `parquet:PATH` or `tfds:NAME`.
       eval_source: the eval file for `jsonl:` / `parquet:` sources (None: no eval split).
+      preference_eval_source: held-out preference records (`jsonl:PATH`) that a preference
+        run scores at every evaluation (None: the arithmetic task's eval split as pairs when
+        `source` is `arithmetic`, else none).
       train_split: the TFDS split used for training.
       eval_split: the TFDS split used for evaluation.
       tfds_data_dir: where the prepared TFDS data lives (None: TFDS's default).
@@ -83,6 +86,7 @@ class DataConfig:
 
     source: str = "arithmetic"
     eval_source: str | None = None
+    preference_eval_source: str | None = None
     train_split: str = "train"
     eval_split: str = "test"
     tfds_data_dir: str | None = None
@@ -102,6 +106,13 @@ class DataConfig:
                 raise ConfigError(
                     "data.eval_source: only file sources (jsonl:, parquet:) take a separate eval "
                     f"file; {self.source!r} has its own eval split."
+                )
+        if self.preference_eval_source is not None:
+            pref_kind, _ = parse_source(self.preference_eval_source, "preference_eval_source")
+            if pref_kind != "jsonl":
+                raise ConfigError(
+                    "data.preference_eval_source: held-out preference records are read from "
+                    f"'jsonl:PATH', got {self.preference_eval_source!r}."
                 )
         if self.seed < 0:
             raise ConfigError(f"data.seed: must be >= 0, got {self.seed}.")

@@ -68,7 +68,11 @@ from jaxrl_llm.runner.overrides import (
     load_run_config,
     parse_override,
 )
-from jaxrl_llm.runner.preference import load_preference_examples
+from jaxrl_llm.runner.preference import (
+    evaluate_preference,
+    load_preference_eval_examples,
+    load_preference_examples,
+)
 from jaxrl_llm.runner.programs import (
     advantage_program,
     logprob_program,
@@ -135,6 +139,7 @@ __all__ = [
     "divergence_message",
     "enable_compilation_cache",
     "evaluate_policy",
+    "evaluate_preference",
     "evaluate_run",
     "export_policy",
     "fault_point",
@@ -144,6 +149,7 @@ __all__ = [
     "in_graph_scores",
     "in_graph_stop_ids",
     "iterations_program",
+    "load_preference_eval_examples",
     "load_preference_examples",
     "load_run_config",
     "load_task",

@@ -32,6 +32,8 @@ class RunContext(NamedTuple):
       update: the compiled update step.
       run_dir: the run directory.
       preference_examples: the tokenized preference examples (`preference:` runs), else None.
+      preference_eval_examples: the held-out preference examples scored at each evaluation
+        (whole batches; `preference:` runs), else None.
 
     Examples:
       >>> RunContext(*([None] * 10)).run_dir is None
@@ -49,3 +51,4 @@ class RunContext(NamedTuple):
     update: Callable[..., Any]
     run_dir: pathlib.Path
     preference_examples: list[Any] | None = None
+    preference_eval_examples: list[Any] | None = None

@@ -63,7 +63,7 @@ from jaxrl_llm.runner.health import (
     nonfinite_terms,
 )
 from jaxrl_llm.runner.models import export_policy
-from jaxrl_llm.runner.preference import _preference_step
+from jaxrl_llm.runner.preference import _preference_step, evaluate_preference
 from jaxrl_llm.runner.programs import (
     advantage_program,
     logprob_program,
@@ -229,7 +229,8 @@ def _meta(
 
 def _evaluation(ctx: RunContext, state: TrainState, step: int) -> dict[str, float]:
     key = jax.random.fold_in(_stream_key(ctx.config.seed, _EVAL_STREAM), step)
-    return evaluate_policy(ctx, state.params["policy"], state.frozen["policy"], key)
+    metrics = evaluate_policy(ctx, state.params["policy"], state.frozen["policy"], key)
+    return {**metrics, **evaluate_preference(ctx, state)}
 
 
 def _plot(run_dir: Any) -> None:
@@ -237,7 +238,8 @@ def _plot(run_dir: Any) -> None:
     if not path.exists():
         return
     present = {k for record in read_metrics(path) for k in record}
-    keys = [k for k in (*DEFAULT_PLOT_KEYS, "sft/nll", "pref/accuracy") if k in present]
+    plotted = (*DEFAULT_PLOT_KEYS, "sft/nll", "pref/accuracy", "eval/pref/accuracy")
+    keys = [k for k in plotted if k in present]
     if keys:
         plot_curves(path, run_dir / CURVES_FILE, keys)
 

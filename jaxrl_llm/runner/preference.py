@@ -12,7 +12,12 @@ tokenized once (`preference_data:`, truncation counted). Per step:
 
 The reference policy is the initial policy (a copy of its trainable parameters). Evaluation
 (greedy / temperature-1 accuracy, pass@k) runs when the data has a prompt/answer eval split:
-the arithmetic task's, or `data.eval_source` next to a JSONL file.
+the arithmetic task's, or `data.eval_source` next to a JSONL file. Held-out preference
+examples (`data.preference_eval_source`, or the arithmetic eval problems as pairs) are scored
+at the same points by the objective itself, as TRL's preference trainers evaluate:
+
+    eval/<metric>   mean over whole batches of the update step's metrics on held-out
+                    examples (eval/pref/accuracy, eval/loss/preference, eval/pref/margin, ...)
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import time
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 from jaxrl_llm.data import (
     IteratorState,
@@ -32,8 +38,8 @@ from jaxrl_llm.data import (
 )
 from jaxrl_llm.runner.config import RunConfig
 from jaxrl_llm.runner.context import RunContext
-from jaxrl_llm.runner.programs import logprob_program
-from jaxrl_llm.train import TrainState, prepare_preference_batch
+from jaxrl_llm.runner.programs import logprob_program, preference_eval_program
+from jaxrl_llm.train import PreferenceBatch, TrainState, prepare_preference_batch
 from jaxrl_llm.train.shardings import batch_sharding
 from sharding import fetch_global
 
@@ -73,6 +79,66 @@ def load_preference_examples(config: RunConfig, tokenizer: Any) -> tuple[list[An
     return examples, info
 
 
+def load_preference_eval_examples(config: RunConfig, tokenizer: Any) -> list[Any]:
+    """The held-out preference examples scored at each evaluation: `data.preference_eval_source`
+    (`jsonl:PATH`), else the arithmetic task's eval problems as pairs when the data is
+    `arithmetic`, else none; the first `train.eval_prompts` of them, cut to whole batches of
+    `train.prompts_per_step` (every batch compiles to one shape).
+
+    Examples:
+      >>> from jaxrl_llm.runner.config import ModelSection, TrainConfig
+      >>> from jaxrl_llm.data import ArithmeticConfig, DataConfig
+      >>> from jaxrl_llm.tokenizer import ByteTokenizer
+      >>> from jaxrl_llm.train import PreferenceConfig
+      >>> cfg = RunConfig(model=ModelSection(checkpoint="/m"), preference=PreferenceConfig(),
+      ...     data=DataConfig(arithmetic=ArithmeticConfig(max_digits=1, eval_size=10)),
+      ...     train=TrainConfig(prompts_per_step=4, eval_prompts=9))
+      >>> len(load_preference_eval_examples(cfg, ByteTokenizer()))  # 9 → 2 batches of 4
+      8
+    """
+    kind, _ = parse_source(config.data.source)
+    unpaired = not config.preference.paired
+    if config.data.preference_eval_source is not None:
+        source: Any = parse_source(config.data.preference_eval_source, "preference_eval_source")[1]
+    elif kind == "arithmetic":
+        source = arithmetic_preference_records(
+            config.data.arithmetic, split="eval", seed=config.data.seed, unpaired=unpaired
+        )
+    else:
+        return []
+    examples, _, _ = load_preference_data(
+        source, tokenizer=tokenizer, config=config.preference_data, unpaired=unpaired
+    )
+    examples = examples[: config.train.eval_prompts]
+    B = config.train.prompts_per_step
+    return examples[: len(examples) // B * B]
+
+
+def _prepared_batch(
+    ctx: RunContext, state: TrainState, examples: list[Any]
+) -> tuple[PreferenceBatch, Any]:
+    """The bucketed batch of `examples` with its reference quantities (reference log-probs,
+    KTO's reference point, BCO's shift), rows over the batch axes; and BCO's moments after it
+    (None for the other losses). Call under the run's mesh."""
+    config = ctx.config
+    batch = make_preference_batch(
+        examples, pad_id=ctx.tokenizer.pad_id, config=config.preference_data
+    )
+    batch = jax.device_put(batch, batch_sharding(ctx.mesh))
+    batch, moments = prepare_preference_batch(
+        config.preference,
+        batch,
+        logprob_fn=logprob_program(ctx.graphs.policy, 1.0, config.preference.chunk_size),
+        policy_params=state.params["policy"],
+        ref_params=ctx.reference,
+        frozen=state.frozen["policy"],
+        reward_moments=state.reward_moments,
+    )
+    # the per-row fields prepared here (KTO's reference point, BCO's shift) are built
+    # replicated: rows over the batch axes, as the update step takes them
+    return jax.device_put(batch, batch_sharding(ctx.mesh)), moments
+
+
 def _preference_step(
     ctx: RunContext, state: TrainState, data: IteratorState, step: int
 ) -> tuple[TrainState, IteratorState, dict[str, float]]:
@@ -87,30 +153,11 @@ def _preference_step(
         batch_size=config.train.prompts_per_step,
         shuffle=config.data.shuffle,
     )
-    batch = make_preference_batch(
-        [examples[i] for i in indices],
-        pad_id=ctx.tokenizer.pad_id,
-        config=config.preference_data,
-    )
-    tokens = float(batch.chosen.completion_mask.sum())
-    if batch.rejected is not None:
-        tokens += float(batch.rejected.completion_mask.sum())
-    batch = jax.device_put(batch, batch_sharding(ctx.mesh))
-    logprob = logprob_program(ctx.graphs.policy, 1.0, config.preference.chunk_size)
+    chosen = [examples[i] for i in indices]
+    tokens = float(sum(len(e.chosen) + len(e.rejected or ()) for e in chosen))
     with jax.set_mesh(ctx.mesh):
-        batch, moments = prepare_preference_batch(
-            config.preference,
-            batch,
-            logprob_fn=logprob,
-            policy_params=state.params["policy"],
-            ref_params=ctx.reference,
-            frozen=state.frozen["policy"],
-            reward_moments=state.reward_moments,
-        )
+        batch, moments = _prepared_batch(ctx, state, chosen)
         state = state._replace(reward_moments=moments)  # BCO's shift δ: checkpointed with it
-        # the per-row fields prepared here (KTO's reference point, BCO's shift) are built
-        # replicated: rows over the batch axes, as the update step takes them
-        batch = jax.device_put(batch, batch_sharding(ctx.mesh))
         update_start = time.perf_counter()
         state, metrics = ctx.update(state, batch)
         metrics = {k: float(v) for k, v in fetch_global(metrics).items()}
@@ -124,3 +171,37 @@ def _preference_step(
         }
     )
     return state, data, metrics
+
+
+def evaluate_preference(ctx: RunContext, state: TrainState) -> dict[str, float]:
+    """The objective's metrics on the held-out preference examples (module docstring):
+    `eval/<metric>` for each metric of the update step's objective (`eval/pref/accuracy`,
+    `eval/loss/preference`, `eval/pref/margin`, ...), the mean over whole batches, with the
+    parameters and BCO's shift of `state` (evaluation moves neither); `{}` without examples.
+
+    Examples:
+      >>> from types import SimpleNamespace
+      >>> evaluate_preference(SimpleNamespace(preference_eval_examples=[]), state=None)
+      {}
+    """
+    examples = ctx.preference_eval_examples
+    if not examples:
+        return {}
+    started = time.perf_counter()
+    B = ctx.config.train.prompts_per_step
+    run = preference_eval_program(ctx.config.preference, ctx.graphs)
+    sums: dict[str, float] = {}
+    with jax.set_mesh(ctx.mesh):
+        for first in range(0, len(examples), B):
+            batch, _ = _prepared_batch(ctx, state, examples[first : first + B])
+            if state.reward_moments is not None:  # BCO: the shift training reached
+                shift = jnp.full_like(batch.reward_shift, state.reward_moments.mean)
+                batch = batch._replace(reward_shift=shift)
+            metrics = fetch_global(run(state.params, state.frozen, batch))
+            for key, value in metrics.items():
+                sums[key] = sums.get(key, 0.0) + float(value)
+    batches = len(examples) // B
+    out = {f"eval/{key}": value / batches for key, value in sums.items()}
+    out["eval/preference_examples"] = float(len(examples))
+    out["time/preference_eval_s"] = time.perf_counter() - started
+    return out

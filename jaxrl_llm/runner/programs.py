@@ -156,6 +156,27 @@ def value_program(graphs: ModelGraphs, group_size: int = 1) -> Callable[..., Any
 
 
 @functools.lru_cache(maxsize=_CACHE_SIZE)
+def preference_eval_program(config: PreferenceConfig, graphs: ModelGraphs) -> Callable[..., Any]:
+    """`(params, frozen, batch) -> metrics` of `preference_objective` on one whole prepared
+    batch, under `jax.jit` (no gradient, no update): the held-out evaluation of a preference
+    run (`runner.preference.evaluate_preference`).
+
+    Examples:
+      >>> fn = preference_eval_program(PreferenceConfig(), ModelGraphs(policy=None))
+      >>> fn is preference_eval_program(PreferenceConfig(), ModelGraphs(policy=None))
+      True
+    """
+    objective = preference_objective(config, graphs)
+
+    @jax.jit
+    def run(params: Any, frozen: Any, batch: Any) -> dict[str, jax.Array]:
+        _, metrics = objective.loss(params, frozen, batch, objective.normalizers(batch), 0.0)
+        return metrics
+
+    return run
+
+
+@functools.lru_cache(maxsize=_CACHE_SIZE)
 def advantage_program(algorithm: AlgorithmConfig, group_size: int) -> Callable[..., Any]:
     """`build_rl_batch(algorithm, group_size=G, **arrays)` under `jax.jit`.
 

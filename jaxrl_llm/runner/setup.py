@@ -33,7 +33,7 @@ from jaxrl_llm.runner.config import RunConfig, check_devices, config_to_dict
 from jaxrl_llm.runner.context import RunContext
 from jaxrl_llm.runner.health import SkipTracker
 from jaxrl_llm.runner.models import build_critic, build_policy, check_vocabulary, run_tokenizer
-from jaxrl_llm.runner.preference import load_preference_examples
+from jaxrl_llm.runner.preference import load_preference_eval_examples, load_preference_examples
 from jaxrl_llm.runner.programs import prompt_group_size, update_program
 from jaxrl_llm.runner.task import load_task
 from jaxrl_llm.runner.warm_start import warm_start_policy
@@ -312,9 +312,11 @@ def build_context(
         )
         info.update(ws_info)
     algorithm = config.algorithm
-    preference_examples = None
+    preference_examples = preference_eval_examples = None
     if config.preference is not None:
         preference_examples, pref_info = load_preference_examples(config, tokenizer)
+        preference_eval_examples = load_preference_eval_examples(config, tokenizer)
+        pref_info["data/preference_eval_examples"] = len(preference_eval_examples)
         info.update(pref_info)
     uses_reference = (algorithm is not None and algorithm.kl.mode != "none") or (
         config.preference is not None and config.preference.uses_reference
@@ -357,5 +359,6 @@ def build_context(
         update=update,
         run_dir=run_dir,
         preference_examples=preference_examples,
+        preference_eval_examples=preference_eval_examples,
     )
     return context, state, info

@@ -66,6 +66,7 @@ def test_overrides_create_sections_and_replace_values():
         ("rewards.jax_native=true", "rewards.jax_native: the in-graph reward reproduces only"),
         ("train.eval_pass_k=[1, 8]", "train.eval_pass_k: pass@k needs k <= the eval samples"),
         ("seed.x=1", "'seed' is a value"),
+        ("data.preference_eval_source=parquet:x", "data.preference_eval_source: held-out"),
     ],
 )
 def test_bad_overrides_are_one_line_user_errors(capsys, tmp_path, override, message):

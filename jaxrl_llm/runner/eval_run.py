@@ -3,7 +3,8 @@
 Builds the run's models and data as `train` would (without training or warm-starting), restores
 the policy of the chosen checkpoint from `run_dir/checkpoints` (`none`: the model as configured,
 before any training), evaluates it on the eval split (`runner.evaluate`: greedy accuracy,
-accuracy at temperature 1, pass@k), prints a table and writes
+accuracy at temperature 1, pass@k) and, for a preference run, on its held-out preference
+examples (`runner.preference.evaluate_preference`), prints a table and writes
 `run_dir/eval/step_<STEP>.json` (`step_initial.json` for `none`).
 """
 
@@ -20,6 +21,7 @@ from jaxrl_llm.checkpoint import Checkpointer
 from jaxrl_llm.config import ConfigError
 from jaxrl_llm.runner.config import RunConfig, check_devices
 from jaxrl_llm.runner.evaluate import evaluate_policy
+from jaxrl_llm.runner.preference import evaluate_preference
 from jaxrl_llm.runner.setup import CHECKPOINT_DIR, build_context
 from sharding import make_mesh
 
@@ -94,7 +96,7 @@ def evaluate_run(
     mesh = make_mesh(config.mesh)
     with jax.set_mesh(mesh):
         context, state, _ = build_context(config, mesh, run_dir, with_warm_start=False)
-    if not context.task.eval:
+    if not context.task.eval and not context.preference_eval_examples:
         raise ConfigError(
             f"data.eval_source: {config.data.source!r} has no eval split to evaluate on."
         )
@@ -118,6 +120,7 @@ def evaluate_run(
         label = str(step)
     key = jax.random.fold_in(jax.random.key(config.seed), 3)
     metrics = evaluate_policy(context, state.params["policy"], state.frozen["policy"], key)
+    metrics.update(evaluate_preference(context, state))  # preference runs' held-out examples
     out = run_dir / EVAL_DIR / f"step_{label}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"checkpoint": label, **metrics}, indent=2, sort_keys=True) + "\n")

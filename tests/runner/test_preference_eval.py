@@ -12,6 +12,7 @@ averaged over the pairs, must equal the logged metrics (float32 tolerance).
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -81,9 +82,15 @@ def test_held_out_pairs_from_a_jsonl_file_and_kto_examples(tmp_path):
     )
     one = [*PREFERENCE, "train.steps=1", f"data.preference_eval_source=jsonl:{pairs}"]
     assert main(["train", DPO, *one, "--run-dir", str(tmp_path / "dpo")]) == 0
-    start = next(r for r in records(tmp_path / "dpo") if "eval/pref/accuracy" in r)
+    start, end = [r for r in records(tmp_path / "dpo") if "eval/pref/accuracy" in r]
     assert start["eval/preference_examples"] == 2.0
     assert start["eval/loss/preference"] == pytest.approx(math.log(2.0), rel=1e-6)
+    # `jaxrl-llm eval` on the last checkpoint scores the same examples as the run's last eval
+    assert main(["eval", DPO, *one, "--run-dir", str(tmp_path / "dpo")]) == 0
+    result = json.loads((tmp_path / "dpo" / "eval" / "step_1.json").read_text())
+    assert {k: v for k, v in result.items() if k.startswith("eval/pref")} == {
+        k: v for k, v in end.items() if k.startswith("eval/pref")
+    }
 
     kto = [*PREFERENCE, "train.steps=1"]  # unpaired held-out examples from the arithmetic task
     assert main(["train", str(CONFIGS / "kto.yaml"), *kto, "--run-dir", str(tmp_path / "kto")]) == 0

@@ -13,6 +13,8 @@ Host side (Python, on decoded text):
 - `decode`: `decode_completions` turns sampler output into the text the functions see.
 - `score`: `score_completions`, the training loop's one call: decode, attach the example
   fields (+ `completion_lengths`), `score_rewards` with the config's policy.
+- `model_reward`: `reward_model(checkpoint=...)`, a Hugging Face sequence-classification
+  reward model as a reward function (`fn: reward_model`).
 
 Device side (`jnp`, inside `jax.jit`):
 
@@ -44,6 +46,7 @@ from jaxrl_llm.rewards.guard import (
     score_rewards,
 )
 from jaxrl_llm.rewards.jax_rewards import completion_content, exact_answer_reward
+from jaxrl_llm.rewards.model_reward import reward_model
 from jaxrl_llm.rewards.registry import (
     RewardFunction,
     RewardFunctionConfig,
@@ -96,6 +99,7 @@ __all__ = [
     "regex_format",
     "resolve_reward_function",
     "reward_metric_names",
+    "reward_model",
     "score_completions",
     "score_rewards",
     "tag_format",

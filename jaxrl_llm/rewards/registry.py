@@ -18,6 +18,10 @@ from typing import Any, NamedTuple
 
 from jaxrl_llm.config import ConfigError
 from jaxrl_llm.rewards.builtin import BUILTIN_REWARDS
+from jaxrl_llm.rewards.model_reward import reward_model
+
+# built-ins built once from their options when resolved (`fn(**kwargs)` returns the function)
+BUILTIN_FACTORIES = {"reward_model": reward_model}
 
 RewardFn = Callable[..., Any]
 
@@ -28,7 +32,7 @@ class RewardFunctionConfig:
 
     Attributes:
       fn: a built-in name (`math_answer`, `exact_match`, `exact_answer`, `tag_format`,
-        `regex_format`) or `module.path:function`.
+        `regex_format`, `overlong`, `reward_model`) or `module.path:function`.
       name: the name used in metrics and error messages (default: `fn`'s last part).
       weight: its weight `w_k` when rewards are combined (`jaxrl_llm.rewards.combine`).
       kwargs: keyword options bound to the function (e.g. `{answer_field: short_answer}`).
@@ -133,18 +137,23 @@ def resolve_reward_function(config: RewardFunctionConfig) -> RewardFunction:
       ValueError: unknown built-in reward function 'math_anser' (did you mean 'math_answer'?); ...
     """
     spec = config.fn
+    name = config.name or spec.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
+    if spec in BUILTIN_FACTORIES:  # built once from its options (a model to load)
+        factory = BUILTIN_FACTORIES[spec]
+        _check_kwargs(factory, config.kwargs, spec)
+        return RewardFunction(name=name, fn=factory(**config.kwargs), weight=float(config.weight))
     if ":" in spec:
         fn = import_callable(spec)
     elif spec in BUILTIN_REWARDS:
         fn = BUILTIN_REWARDS[spec]
     else:
-        close = difflib.get_close_matches(spec, list(BUILTIN_REWARDS), n=1)
+        close = difflib.get_close_matches(spec, [*BUILTIN_REWARDS, *BUILTIN_FACTORIES], n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ValueError(
             f"unknown built-in reward function {spec!r}{hint}; built-ins: "
-            f"{', '.join(BUILTIN_REWARDS)}; or give an import path 'module:function'."
+            f"{', '.join([*BUILTIN_REWARDS, *BUILTIN_FACTORIES])}; or give an import path "
+            "'module:function'."
         )
     _check_kwargs(fn, config.kwargs, spec)
     bound = functools.partial(fn, **config.kwargs) if config.kwargs else fn
-    name = config.name or spec.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
     return RewardFunction(name=name, fn=bound, weight=float(config.weight))

@@ -1,0 +1,130 @@
+"""A learned reward model as a reward function (RLHF): `fn: reward_model` in `rewards.functions`.
+
+    rewards:
+      functions:
+        - fn: reward_model
+          kwargs: {checkpoint: /models/my-rm, tokenizer: /models/my-rm}
+        - {fn: tag_format, weight: 0.2}
+
+The checkpoint is a Hugging Face `*ForSequenceClassification` directory with one label (a
+Bradley-Terry reward model, as TRL's `RewardTrainer` and OpenRLHF write them; the families of
+`jaxrl_llm.models`), loaded once as a frozen `ValueModel`. The reward of a completion is the
+model's score at the last token of `prompt + completion`, tokenized with the reward model's
+own tokenizer (so it may differ from the policy's), as `*ForSequenceClassification` scores the
+last non-padding token:
+
+    r = score · h_last(tokens(prompt + completion))       (the model's `score.weight` head)
+
+Rows are scored in batches of `batch_size`, right-padded to a power-of-two length (at least
+16; one compiled program per length), on the process's default device; a text longer than
+`max_length` tokens keeps its last `max_length` (the completion's end, where the score is
+read). As a host reward function it takes part in everything the others do: weights, the
+decoupled combination, the failure policy and timeout, and, in a multi-host job, each process
+scores its share of the groups. The first call of each padded length compiles the forward
+within the reward's time limit (`rewards.timeout_s`): give a large model one that covers it.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+_MIN_LENGTH = 16
+
+
+def _bucket(length: int) -> int:
+    """The padded length of a batch whose longest text has `length` tokens: a power of two.
+
+    Examples:
+      >>> [_bucket(n) for n in (1, 16, 17, 100)]
+      [16, 16, 32, 128]
+    """
+    return max(_MIN_LENGTH, 1 << (max(length, 1) - 1).bit_length())
+
+
+def reward_model(
+    *,
+    checkpoint: str,
+    tokenizer: str | None = None,
+    batch_size: int = 16,
+    max_length: int = 2048,
+) -> Any:
+    """Load a reward model and return the reward function that scores with it (module
+    docstring). Called once, when the run's reward functions are resolved.
+
+    Args:
+      checkpoint: a local `*ForSequenceClassification` checkpoint directory with one label.
+      tokenizer: the reward model's tokenizer: a directory, or `"byte"` (default: the
+        checkpoint directory).
+      batch_size: rows per forward.
+      max_length: tokens kept per text (the last ones).
+
+    Returns:
+      `fn(prompts, completions, **fields) -> list[float]`.
+
+    Raises:
+      ValueError: the checkpoint is missing, is not a one-label sequence classifier (no
+        `score.weight`), or an option is out of range.
+
+    Examples:
+      >>> import tempfile
+      >>> from jaxrl_llm.models import ModelConfig, ValueModel, save_pretrained
+      >>> cfg = ModelConfig(family="qwen3", vocab_size=259, hidden_size=8, intermediate_size=16,
+      ...                   num_layers=1, num_heads=2, num_kv_heads=1, head_dim=4)
+      >>> path = tempfile.mkdtemp()
+      >>> save_pretrained(ValueModel(cfg, rngs=nnx.Rngs(0)), path)
+      >>> score = reward_model(checkpoint=path, tokenizer="byte")
+      >>> rewards = score(["1+1="] * 2, ["2", "3"])
+      >>> len(rewards), rewards[0] != rewards[1]
+      (2, True)
+    """
+    from jaxrl_llm.models import ValueModel, from_pretrained
+    from jaxrl_llm.models.hf_io import open_checkpoint
+    from jaxrl_llm.tokenizer import load_tokenizer
+
+    for name, value in (("batch_size", batch_size), ("max_length", max_length)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"reward_model: `{name}` must be an int >= 1, got {value!r}.")
+    path = pathlib.Path(checkpoint)
+    if not (path / "config.json").is_file():
+        raise ValueError(f"reward_model: {path} is not a checkpoint directory (no config.json).")
+    with open_checkpoint(path) as handles:
+        if "score.weight" not in handles:
+            raise ValueError(
+                f"reward_model: {path} has no `score.weight`: not a *ForSequenceClassification "
+                "reward model (a causal LM checkpoint cannot score completions)."
+            )
+    model = from_pretrained(path, head="value")
+    assert isinstance(model, ValueModel)
+    tok = load_tokenizer(path if tokenizer is None else tokenizer)
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def last_token_scores(state: Any, tokens: jax.Array, lengths: jax.Array) -> jax.Array:
+        mask = (jnp.arange(tokens.shape[1])[None, :] < lengths[:, None]).astype(jnp.int32)
+        positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+        values = nnx.merge(graphdef, state)(tokens, positions, attention_mask=mask)
+        return jnp.take_along_axis(values, (lengths - 1)[:, None], axis=1)[:, 0]
+
+    def score(prompts: Sequence[str], completions: Sequence[str], **fields: Any) -> list[float]:
+        del fields
+        ids = [tok.encode(p + c)[-max_length:] for p, c in zip(prompts, completions, strict=True)]
+        ids = [row or [tok.pad_id] for row in ids]  # an empty text: scored at one pad token
+        out: list[float] = []
+        for first in range(0, len(ids), batch_size):
+            rows = ids[first : first + batch_size]
+            tokens = np.full((batch_size, _bucket(max(map(len, rows)))), tok.pad_id, np.int32)
+            lengths = np.ones(batch_size, np.int32)  # filler rows: one pad token, ignored
+            for i, row in enumerate(rows):
+                tokens[i, : len(row)], lengths[i] = row, len(row)
+            scores = last_token_scores(state, jnp.asarray(tokens), jnp.asarray(lengths))
+            out.extend(float(s) for s in np.asarray(scores)[: len(rows)])
+        return out
+
+    return score

@@ -9,11 +9,14 @@
 The checkpoint is a Hugging Face `*ForSequenceClassification` directory with one label (a
 Bradley-Terry reward model, as TRL's `RewardTrainer` and OpenRLHF write them; the families of
 `jaxrl_llm.models`), loaded once as a frozen `ValueModel`. The reward of a completion is the
-model's score at the last token of `prompt + completion`, tokenized with the reward model's
-own tokenizer (so it may differ from the policy's), as `*ForSequenceClassification` scores the
-last non-padding token:
+model's score at the last token of `prompt + completion` + EOS, tokenized with the reward
+model's own tokenizer (so it may differ from the policy's), as `*ForSequenceClassification`
+scores the last non-padding token:
 
-    r = score · h_last(tokens(prompt + completion))       (the model's `score.weight` head)
+    r = score · h_last(tokens(prompt + completion) + [EOS])     (the `score.weight` head)
+
+The EOS matches how reward models are trained on preference data (`train_reward_model`, TRL);
+`add_eos: false` scores the text as it is.
 
 Rows are scored in batches of `batch_size`, right-padded to a power-of-two length (at least
 16; one compiled program per length), on the process's default device; a text longer than
@@ -54,6 +57,7 @@ def reward_model(
     tokenizer: str | None = None,
     batch_size: int = 16,
     max_length: int = 2048,
+    add_eos: bool = True,
 ) -> Any:
     """Load a reward model and return the reward function that scores with it (module
     docstring). Called once, when the run's reward functions are resolved.
@@ -64,6 +68,9 @@ def reward_model(
         checkpoint directory).
       batch_size: rows per forward.
       max_length: tokens kept per text (the last ones).
+      add_eos: end every text with the tokenizer's EOS before scoring, as the preference
+        data a reward model is trained on ends every completion (`train_reward_model`,
+        `PreferenceDataConfig.add_eos`); the sampler's completions come without it.
 
     Returns:
       `fn(prompts, completions, **fields) -> list[float]`.
@@ -103,6 +110,8 @@ def reward_model(
     model = from_pretrained(path, head="value")
     assert isinstance(model, ValueModel)
     tok = load_tokenizer(path if tokenizer is None else tokenizer)
+    if add_eos and tok.eos_id is None:
+        raise ValueError("reward_model: the tokenizer has no EOS token; set add_eos: false.")
     graphdef, state = nnx.split(model)
 
     @jax.jit
@@ -114,7 +123,9 @@ def reward_model(
 
     def score(prompts: Sequence[str], completions: Sequence[str], **fields: Any) -> list[float]:
         del fields
-        ids = [tok.encode(p + c)[-max_length:] for p, c in zip(prompts, completions, strict=True)]
+        eos = [tok.eos_id] if add_eos else []
+        texts = [p + c for p, c in zip(prompts, completions, strict=True)]
+        ids = [(tok.encode(text) + eos)[-max_length:] for text in texts]
         ids = [row or [tok.pad_id] for row in ids]  # an empty text: scored at one pad token
         out: list[float] = []
         for first in range(0, len(ids), batch_size):

@@ -11,6 +11,8 @@
 * `objectives` — what the step differentiates: `rl_objective`, `sft_objective`.
 * `preference` — offline preference training (DPO, RPO, SimPO, CPO, ORPO, KTO, BCO):
   `PreferenceConfig`, `PreferenceBatch`, `preference_objective`, `train_preference`.
+* `reward_model` — reward-model training (Bradley-Terry on pairs): `RewardModelConfig`,
+  `reward_model_objective`, `train_reward_model`.
 * `update` — the pure `update_step` (epochs × minibatches × accumulation in `lax.scan`),
   `loss_and_grads`, `make_update_step`.
 * `row_groups` — one update's gradient in row groups from host threads (XLA:CPU),
@@ -77,6 +79,13 @@ from jaxrl_llm.train.preference import (
     sequence_logprobs,
     train_preference,
 )
+from jaxrl_llm.train.reward_model import (
+    RewardModelConfig,
+    reward_model_loss,
+    reward_model_objective,
+    sequence_scores,
+    train_reward_model,
+)
 from jaxrl_llm.train.row_groups import (
     apply_group_gradients,
     group_gradients,
@@ -109,6 +118,7 @@ __all__ = [
     "PreferenceBatch",
     "PreferenceConfig",
     "RLBatch",
+    "RewardModelConfig",
     "RolloutCorrectionConfig",
     "SFTConfig",
     "SequenceBatch",
@@ -156,12 +166,16 @@ __all__ = [
     "reduce_stats",
     "reference_logprobs",
     "reference_params",
+    "reward_model_loss",
+    "reward_model_objective",
     "rl_loss",
     "rl_objective",
     "sequence_logprobs",
+    "sequence_scores",
     "sft_objective",
     "split_models",
     "train_preference",
+    "train_reward_model",
     "train_state_shardings",
     "update_step",
     "weight_decay_mask",

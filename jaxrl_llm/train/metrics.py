@@ -11,7 +11,8 @@ name:
                                                  update's loss: summed within an update, then
                                                  averaged over the updates (count 1/k each)
     "…/seq_…" (e.g. `policy/seq_ratio_mean`)     weighted by the micro-batch's valid sequences
-    "pref/…" (preference metrics, per pair)       weighted by the micro-batch's valid sequences
+    "pref/…", "rm/…" (per pair: preference and   weighted by the micro-batch's valid sequences
+    reward-model metrics)
     "optim/…"                                    weighted by an explicit 0/1 (the updates that
                                                  were applied)
     anything else                                weighted by the micro-batch's valid tokens
@@ -83,7 +84,7 @@ def micro_batch_stats(
             continue
         if key.startswith("optim/"):
             weight = optim_weight
-        elif "/seq_" in key or key.startswith("pref/"):
+        elif "/seq_" in key or key.startswith(("pref/", "rm/")):
             weight = num_seqs
         else:
             weight = num_tokens

@@ -690,32 +690,22 @@ def train_preference(
       >>> len(history), "pref/accuracy" in history[0]
       (2, True)
     """
-    from jaxrl_llm.data import IteratorState, next_batch
-    from jaxrl_llm.data.preference import (
-        PreferenceDataConfig,
-        load_preference_data,
-        make_preference_batch,
-    )
     from jaxrl_llm.train.logprobs import make_logprob_fn
     from jaxrl_llm.train.optim import make_optimizer
     from jaxrl_llm.train.params import reference_params, split_models
     from jaxrl_llm.train.state import init_train_state
     from jaxrl_llm.train.update import make_update_step
 
-    where = "train_preference"
-    for name, value in (("steps", steps), ("batch_size", batch_size)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{where}: `{name}` must be a positive int, got {value!r}.")
-    data_config = PreferenceDataConfig() if data_config is None else data_config
-    examples, _, _ = load_preference_data(
-        data, tokenizer=tokenizer, config=data_config, unpaired=not config.paired
+    examples, data_config = _offline_examples(
+        "train_preference", data, tokenizer, data_config, steps, batch_size, not config.paired
     )
     graphs, params, frozen = split_models(policy)
     tx = make_optimizer(optim_config)
-    state = init_train_state(params, frozen, tx, key=jax.random.key(seed))
+    moments = losses.init_running_moments() if config.loss == "bco" else None
+    state = init_train_state(params, frozen, tx, key=jax.random.key(seed), reward_moments=moments)
     ref = reference_params(state.params)
     logprob_fn = make_logprob_fn(graphs.policy, chunk_size=config.chunk_size)
-    step = make_update_step(
+    update = make_update_step(
         preference_objective(config, graphs),
         tx,
         epochs=config.epochs,
@@ -723,14 +713,8 @@ def train_preference(
         accumulation_steps=optim_config.accumulation_steps,
         shuffle=config.shuffle,
     )
-    order = IteratorState(seed=seed, epoch=0, position=0)
-    moments = losses.init_running_moments() if config.loss == "bco" else None
-    history: list[dict[str, float]] = []
-    for i in range(steps):
-        rows, order = next_batch(order, num_examples=len(examples), batch_size=batch_size)
-        batch = make_preference_batch(
-            [examples[j] for j in rows], pad_id=tokenizer.pad_id, config=data_config
-        )
+
+    def step(state: Any, batch: PreferenceBatch) -> tuple[Any, dict[str, jax.Array]]:
         batch, moments = prepare_preference_batch(
             config,
             batch,
@@ -738,12 +722,66 @@ def train_preference(
             policy_params=state.params["policy"],
             ref_params=ref,
             frozen=state.frozen["policy"],
-            reward_moments=moments,
+            reward_moments=state.reward_moments,
+        )
+        return update(state._replace(reward_moments=moments), batch)
+
+    state, history = _offline_steps(
+        state, step, examples, tokenizer, data_config, steps, batch_size, seed, on_step
+    )
+    model = nnx.merge(graphs.policy, state.params["policy"], state.frozen["policy"])
+    return model, history
+
+
+def _offline_examples(
+    where: str,
+    data: Any,
+    tokenizer: Any,
+    data_config: Any,
+    steps: int,
+    batch_size: int,
+    unpaired: bool,
+) -> tuple[list[Any], Any]:
+    """The checked run length and the tokenized examples of an offline run
+    (`train_preference`, `train_reward_model`), with the data config used."""
+    from jaxrl_llm.data.preference import PreferenceDataConfig, load_preference_data
+
+    for name, value in (("steps", steps), ("batch_size", batch_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{where}: `{name}` must be a positive int, got {value!r}.")
+    data_config = PreferenceDataConfig() if data_config is None else data_config
+    examples, _, _ = load_preference_data(
+        data, tokenizer=tokenizer, config=data_config, unpaired=unpaired
+    )
+    return examples, data_config
+
+
+def _offline_steps(
+    state: Any,
+    step: Callable[[Any, PreferenceBatch], tuple[Any, dict[str, jax.Array]]],
+    examples: list[Any],
+    tokenizer: Any,
+    data_config: Any,
+    steps: int,
+    batch_size: int,
+    seed: int,
+    on_step: Callable[[int, dict[str, float]], None] | None,
+) -> tuple[Any, list[dict[str, float]]]:
+    """`steps` calls of `step(state, batch)` on bucketed batches of `batch_size` examples in
+    a seeded order reshuffled every epoch; `(state, history of float metrics)`."""
+    from jaxrl_llm.data import IteratorState, next_batch
+    from jaxrl_llm.data.preference import make_preference_batch
+
+    order = IteratorState(seed=seed, epoch=0, position=0)
+    history: list[dict[str, float]] = []
+    for i in range(steps):
+        rows, order = next_batch(order, num_examples=len(examples), batch_size=batch_size)
+        batch = make_preference_batch(
+            [examples[j] for j in rows], pad_id=tokenizer.pad_id, config=data_config
         )
         state, metrics = step(state, batch)
         record = {k: float(v) for k, v in jax.device_get(metrics).items()}
         history.append(record)
         if on_step is not None:
             on_step(i, record)
-    model = nnx.merge(graphs.policy, state.params["policy"], state.frozen["policy"])
-    return model, history
+    return state, history

@@ -52,7 +52,7 @@ def _hf_scores(path, texts, max_length):
     tok = ByteTokenizer()
     out = []
     for text in texts:
-        ids = tok.encode(text)[-max_length:]
+        ids = tok.encode(text, add_eos=True)[-max_length:]
         with torch.no_grad():
             out.append(float(model(torch.tensor([ids])).logits[0, 0]))
     return np.array(out)
@@ -92,7 +92,9 @@ def test_resolved_from_a_config_and_bad_checkpoints_are_named(checkpoint, tmp_pa
 def test_grpo_raises_the_reward_models_score(checkpoint, tmp_path):
     """30 GRPO steps on 4 fixed prompts × 8 samples: the mean score of the last 7 steps is
     above that of the first 7 by more than the steps' noise (about 0.01 per step here)."""
-    kwargs = {"checkpoint": str(checkpoint), "tokenizer": "byte"}
+    # scored at the completion's last token (`add_eos: false`): a random model's score at an
+    # appended EOS varies little with the text (about 0.005 here), at the text's end 10× more
+    kwargs = {"checkpoint": str(checkpoint), "tokenizer": "byte", "add_eos": False}
     rm = json.dumps({"fn": "reward_model", "kwargs": kwargs})
     overrides = [
         *TINY,

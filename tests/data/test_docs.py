@@ -22,4 +22,4 @@ def test_doc_yaml_examples_build():
         for section, data in yaml.safe_load(block).items():
             built.append(build(SECTIONS[section], data, path=section))
     assert {type(c) for c in built} == set(SECTIONS.values())
-    assert len(built) == len(blocks) == 3
+    assert len(built) == len(blocks) == 4

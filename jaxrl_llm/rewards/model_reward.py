@@ -94,6 +94,7 @@ def reward_model(
     from jaxrl_llm.models import ValueModel, from_pretrained
     from jaxrl_llm.models.hf_io import open_checkpoint
     from jaxrl_llm.tokenizer import load_tokenizer
+    from jaxrl_llm.train import SequenceBatch, sequence_scores
 
     for name, value in (("batch_size", batch_size), ("max_length", max_length)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -117,9 +118,7 @@ def reward_model(
     @jax.jit
     def last_token_scores(state: Any, tokens: jax.Array, lengths: jax.Array) -> jax.Array:
         mask = (jnp.arange(tokens.shape[1])[None, :] < lengths[:, None]).astype(jnp.int32)
-        positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
-        values = nnx.merge(graphdef, state)(tokens, positions, attention_mask=mask)
-        return jnp.take_along_axis(values, (lengths - 1)[:, None], axis=1)[:, 0]
+        return sequence_scores(nnx.merge(graphdef, state), SequenceBatch(tokens, mask, mask))
 
     def score(prompts: Sequence[str], completions: Sequence[str], **fields: Any) -> list[float]:
         del fields

@@ -37,6 +37,8 @@ from jaxrl_llm.train.objectives import Objective
 from jaxrl_llm.train.params import ModelGraphs
 from jaxrl_llm.train.preference import (
     PreferenceBatch,
+    _offline_examples,
+    _offline_steps,
     concat_sequences,
     pair_valid,
     preference_normalizers,
@@ -209,7 +211,6 @@ def train_reward_model(
     """
     from jaxrl_llm.train.optim import make_optimizer
     from jaxrl_llm.train.params import split_models
-    from jaxrl_llm.train.preference import _offline_examples, _offline_steps
     from jaxrl_llm.train.state import init_train_state
     from jaxrl_llm.train.update import make_update_step
 

@@ -6,7 +6,8 @@ The component configs are embedded unchanged (`DataConfig`, `RewardConfig`, `Alg
 `train`, `warm_start`, `export`) and the constraints *between* sections, checked before any
 model is built or any program compiled:
 
-    exactly one of algorithm: (RL), sft: (supervised) and preference: (offline DPO, ...)
+    exactly one of algorithm: (RL), sft: (supervised), preference: (offline DPO, ...) and
+      reward_model: (Bradley-Terry reward-model training)
     grouped estimators / drop_zero_variance / decoupled rewards  need sampling.num_samples >= 2
     algorithm.temperature == sampling.temperature (the log-probs score the sampler's policy)
     N = prompts_per_step · G  divisible by  minibatches · accumulation_steps  and  data · fsdp
@@ -39,13 +40,20 @@ from jaxrl_llm.metrics_log import MetricsConfig
 from jaxrl_llm.models import ModelConfig
 from jaxrl_llm.rewards import RewardConfig
 from jaxrl_llm.sampler import SamplingConfig
-from jaxrl_llm.train import AlgorithmConfig, OptimConfig, PreferenceConfig, SFTConfig
+from jaxrl_llm.train import (
+    AlgorithmConfig,
+    OptimConfig,
+    PreferenceConfig,
+    RewardModelConfig,
+    SFTConfig,
+)
 from jaxrl_llm.train.algorithms import GROUPED_ESTIMATORS
 from sharding import MeshConfig
 
 DType = Literal["float32", "bfloat16"]
 BUILTIN_TASKS = ("arithmetic", "sorting")
 BYTE_VOCAB = 259  # ByteTokenizer: 256 bytes + pad, bos, eos
+OBJECTIVE_SECTIONS = ("algorithm", "sft", "preference", "reward_model")  # exactly one is set
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -289,13 +297,18 @@ class RunConfig:
       tokenizer: the tokenizer (`TokenizerSection`).
       data: prompts and answers (`DataConfig`); the eval split comes from the same source.
       rewards: reward functions, combination and failure policy (`RewardConfig`).
-      algorithm: the RL algorithm (`AlgorithmConfig`); exactly one of it, `sft` and
-        `preference`.
+      algorithm: the RL algorithm (`AlgorithmConfig`); exactly one of it, `sft`,
+        `preference` and `reward_model`.
       sft: a supervised fine-tuning run on (prompt, answer) pairs (`SFTConfig`).
       preference: an offline preference run (`PreferenceConfig`: DPO, RPO, SimPO, CPO, ORPO,
         KTO) on preference records: `data.source` `jsonl:PATH` (`{"prompt", "chosen",
         "rejected"}`, KTO `{"prompt", "completion", "label"}`) or `arithmetic` (generated
         pairs, `jaxrl_llm.data.arithmetic_preference_records`).
+      reward_model: reward-model training (`RewardModelConfig`: Bradley-Terry on the paired
+        preference records of `data.source`, as for `preference`); the model is a
+        `ValueModel`: `model.checkpoint` (a causal LM with a new seeded head, or a
+        `*ForSequenceClassification` checkpoint) or `model.init`. The export is a
+        `*ForSequenceClassification` checkpoint for `fn: reward_model`.
       preference_data: tokenization of the preference records (`PreferenceDataConfig`).
       optim: the optimizer (`OptimConfig`).
       sampling: the rollout sampler (`SamplingConfig`); the tokenizer's EOS is always a stop
@@ -332,6 +345,7 @@ class RunConfig:
     algorithm: AlgorithmConfig | None = None
     sft: SFTConfig | None = None
     preference: PreferenceConfig | None = None
+    reward_model: RewardModelConfig | None = None
     preference_data: PreferenceDataConfig = dataclasses.field(default_factory=PreferenceDataConfig)
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
     sampling: SamplingConfig = dataclasses.field(default_factory=SamplingConfig)
@@ -350,10 +364,24 @@ class RunConfig:
 
     @property
     def kind(self) -> str:
-        """`"rl"` (an `algorithm:` run), `"sft"` or `"preference"`."""
-        if self.algorithm is not None:
-            return "rl"
-        return "sft" if self.sft is not None else "preference"
+        """`"rl"` (an `algorithm:` run), `"sft"`, `"preference"` or `"reward_model"`."""
+        return {"algorithm": "rl"}.get(self.objective_name, self.objective_name)
+
+    @property
+    def objective_name(self) -> str:
+        """The section that holds the run's objective: `"algorithm"`, `"sft"`,
+        `"preference"` or `"reward_model"`."""
+        return next(k for k in OBJECTIVE_SECTIONS if getattr(self, k) is not None)
+
+    @property
+    def objective(self) -> Any:
+        """The run's objective config (that section's value)."""
+        return getattr(self, self.objective_name)
+
+    @property
+    def offline_pairs(self) -> bool:
+        """Whether the run trains on preference records (`preference:`, `reward_model:`)."""
+        return self.kind in ("preference", "reward_model")
 
     @property
     def group_size(self) -> int:
@@ -379,12 +407,12 @@ class RunConfig:
 
 
 def _validate(cfg: RunConfig) -> None:
-    kinds = [k for k in ("algorithm", "sft", "preference") if getattr(cfg, k) is not None]
+    kinds = [k for k in OBJECTIVE_SECTIONS if getattr(cfg, k) is not None]
     if len(kinds) != 1:
         raise ConfigError(
             "algorithm: set exactly one of `algorithm:` (an RL run), `sft:` (supervised "
-            f"fine-tuning) and `preference:` (offline preference training), got "
-            f"{', '.join(kinds) or 'none'}."
+            "fine-tuning), `preference:` (offline preference training) and `reward_model:` "
+            f"(reward-model training), got {', '.join(kinds) or 'none'}."
         )
     _validate_parallel(cfg)
     if cfg.seed < 0:
@@ -396,8 +424,8 @@ def _validate(cfg: RunConfig) -> None:
     _validate_sampling_and_eval(cfg)
     _validate_rewards(cfg)
     _validate_compiled(cfg)
-    if cfg.preference is not None:
-        _validate_preference(cfg, cfg.preference)
+    if cfg.offline_pairs:
+        _validate_offline_pairs(cfg)
 
 
 def _validate_parallel(cfg: RunConfig) -> None:
@@ -443,8 +471,8 @@ def _validate_model(cfg: RunConfig) -> None:
 
 def _validate_batch(cfg: RunConfig) -> None:
     rows = cfg.rows_per_step
-    name = {"rl": "algorithm", "sft": "sft", "preference": "preference"}[cfg.kind]
-    updates = getattr(cfg, name).minibatches
+    name = cfg.objective_name
+    updates = cfg.objective.minibatches
     name = f"{name}.minibatches"
     parts = updates * cfg.optim.accumulation_steps
     if rows % parts:
@@ -476,16 +504,11 @@ def _check_batch_axes(cfg: RunConfig, batch_devices: int) -> None:
         )
 
 
-def _objective_section(cfg: RunConfig) -> tuple[str, Any]:
-    name = {"rl": "algorithm", "sft": "sft", "preference": "preference"}[cfg.kind]
-    return name, getattr(cfg, name)
-
-
 def _check_rows_per_device(cfg: RunConfig, devices: int) -> None:
     """`parallel: pmap`: each device splits its own rows into the step's micro-batches."""
     if cfg.parallel != "pmap":
         return
-    name, section = _objective_section(cfg)
+    name, section = cfg.objective_name, cfg.objective
     parts = section.minibatches * cfg.optim.accumulation_steps
     per_device = cfg.rows_per_step // devices
     if per_device % parts:
@@ -622,14 +645,15 @@ def _validate_compiled(cfg: RunConfig) -> None:
             )
 
 
-def _validate_preference(cfg: RunConfig, pref: PreferenceConfig) -> None:
+def _validate_offline_pairs(cfg: RunConfig) -> None:
     kind, _ = parse_source(cfg.data.source)
     if kind not in ("arithmetic", "jsonl"):
         raise ConfigError(
-            "data.source: preference runs read preference records from 'jsonl:PATH' or "
+            f"data.source: {cfg.kind} runs read preference records from 'jsonl:PATH' or "
             f"generate them from 'arithmetic', got {cfg.data.source!r}."
         )
-    if pref.needs_reference_point and cfg.train.prompts_per_step < 2:
+    pref = cfg.preference
+    if pref is not None and pref.needs_reference_point and cfg.train.prompts_per_step < 2:
         raise ConfigError(
             "train.prompts_per_step: KTO's reference point needs mismatched pairs within a "
             f"batch, at least 2 examples, got {cfg.train.prompts_per_step}."

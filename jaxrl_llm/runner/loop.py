@@ -15,7 +15,7 @@ Per step (RL):
 
 An SFT run (`sft:`) replaces the first three lines by one batch of (prompt, answer) pairs, a
 preference run (`preference:`) by one batch of preference examples with their reference
-log-probs (`runner.preference`).
+log-probs, a reward-model run (`reward_model:`) by one batch of pairs (`runner.preference`).
 Before the first step (fresh runs) the policy is evaluated: `accuracy_before_rl`; after the
 last, evaluated again, checkpointed, exported (`save_pretrained`), its curves plotted, and
 `summary.json` written:
@@ -23,7 +23,8 @@ last, evaluated again, checkpointed, exported (`save_pretrained`), its curves pl
     accuracy_before_rl / accuracy_after_rl            eval accuracy at temperature 1
     greedy_accuracy_before_rl / greedy_accuracy_after_rl
     pass_at_k_before_rl / pass_at_k_after_rl          {k: pass@k}
-    steps, wall_seconds, skipped_steps, final_metrics, run_dir, kind ("rl" / "sft")
+    steps, wall_seconds, skipped_steps, final_metrics, run_dir,
+    kind ("rl" / "sft" / "preference" / "reward_model")
 
 Resuming restores the newest checkpoint (parameters, optimizer state, step, shuffling key, KL
 controller, data position, skip counters); sampling and evaluation keys are functions of the
@@ -239,6 +240,7 @@ def _plot(run_dir: Any) -> None:
         return
     present = {k for record in read_metrics(path) for k in record}
     plotted = (*DEFAULT_PLOT_KEYS, "sft/nll", "pref/accuracy", "eval/pref/accuracy")
+    plotted += ("rm/accuracy", "eval/rm/accuracy")
     keys = [k for k in plotted if k in present]
     if keys:
         plot_curves(path, run_dir / CURVES_FILE, keys)
@@ -318,7 +320,12 @@ def run_training(prepared: PreparedRun, *, resume_command: str | None = None) ->
     ctx, state, data, start, checkpointer, meta, skips, info = prepared
     config = ctx.config
     steps = config.train.steps
-    step_fn = {"rl": _rl_step, "sft": _sft_step, "preference": _preference_step}[config.kind]
+    step_fn = {
+        "rl": _rl_step,
+        "sft": _sft_step,
+        "preference": _preference_step,
+        "reward_model": _preference_step,
+    }[config.kind]
     wall_offset = float(meta.get("wall_seconds", 0.0))
     began = time.perf_counter()
     before: dict[str, float] = dict(meta.get("before", {}))
@@ -416,6 +423,7 @@ def run_training(prepared: PreparedRun, *, resume_command: str | None = None) ->
             state.frozen["policy"],
             ctx.run_dir / config.export.directory,
             config.export.dtype,
+            ctx.tokenizer,
         )
     summary = _summary(ctx, before, after, step, wall(), skips, final, info, None)
     if is_main_process():  # one writer per job

@@ -2,6 +2,8 @@
 
     policy   model.checkpoint → from_pretrained(dtype, param_dtype, remat, attention_chunk)
              model.init       → Decoder(init, rngs=Rngs(seed))
+             (a `reward_model:` run trains a ValueModel in the policy's place:
+              from_pretrained(..., head="value", seed=seed), or ValueModel(init, rngs=Rngs(seed)))
     critic   algorithm.critic.kind = "head"  → ValueHead(D, rngs=Rngs(seed + 1))
              algorithm.critic.kind = "model" → from_pretrained(model.critic_checkpoint or
                                                model.checkpoint, head="value"), or a random
@@ -26,7 +28,7 @@ from flax import nnx
 from jaxrl_llm.config import ConfigError
 from jaxrl_llm.models import Decoder, ValueHead, ValueModel, from_pretrained, save_pretrained
 from jaxrl_llm.runner.config import RunConfig
-from jaxrl_llm.tokenizer import load_tokenizer
+from jaxrl_llm.tokenizer import HFTokenizer, load_tokenizer
 from jaxrl_llm.train import ModelGraphs
 from sharding import fetch_global, is_main_process
 
@@ -74,8 +76,8 @@ def run_tokenizer(config: RunConfig) -> Any:
         raise ConfigError(f"tokenizer.path: {err}") from None
 
 
-def build_policy(config: RunConfig) -> Decoder:
-    """The initial policy (before any warm start).
+def build_policy(config: RunConfig) -> Decoder | ValueModel:
+    """The initial policy (before any warm start); the `ValueModel` of a `reward_model:` run.
 
     Examples:
       >>> from jaxrl_llm.runner.config import ModelSection
@@ -93,13 +95,16 @@ def build_policy(config: RunConfig) -> Decoder:
         "remat": section.remat,
         "attention_chunk": section.attention_chunk,
     }
+    scorer = config.kind == "reward_model"
     if section.checkpoint is not None:
+        loaded = {"head": "value", "seed": config.seed} if scorer else {}
         try:
-            model = from_pretrained(section.checkpoint, **kwargs)
+            model = from_pretrained(section.checkpoint, **kwargs, **loaded)
         except (ValueError, OSError) as err:
             raise ConfigError(f"model.checkpoint: {err}") from None
     else:
-        model = compiled_init(lambda: Decoder(section.init, **kwargs, rngs=nnx.Rngs(config.seed)))
+        cls = ValueModel if scorer else Decoder
+        model = compiled_init(lambda: cls(section.init, **kwargs, rngs=nnx.Rngs(config.seed)))
     return model
 
 
@@ -161,9 +166,18 @@ def check_vocabulary(tokenizer: Any, policy: Decoder) -> None:
 
 
 def export_policy(
-    graphs: ModelGraphs, params: Any, frozen: Any, path: str | pathlib.Path, dtype: str | None
+    graphs: ModelGraphs,
+    params: Any,
+    frozen: Any,
+    path: str | pathlib.Path,
+    dtype: str | None,
+    tokenizer: Any = None,
 ) -> pathlib.Path:
-    """Write the policy `merge(graphs.policy, params, frozen)` as a Hugging Face checkpoint.
+    """Write the policy `merge(graphs.policy, params, frozen)` as a Hugging Face checkpoint
+    (a `ValueModel`: a `*ForSequenceClassification` one), with the run's tokenizer files when
+    it is a `transformers` tokenizer, so that the directory is a complete `model.checkpoint`
+    (tokenizer included) for the next stage; the byte tokenizer has no files (the next stage
+    sets `tokenizer.path: byte`).
 
     Every process of a multi-process job calls it (sharded parameters are gathered); process 0
     writes.
@@ -185,4 +199,6 @@ def export_policy(
         return path
     policy = nnx.merge(graphs.policy, params, frozen)
     save_pretrained(policy, path, dtype=None if dtype is None else DTYPES[dtype])
+    if isinstance(tokenizer, HFTokenizer):
+        tokenizer.tokenizer.save_pretrained(str(path))
     return path

@@ -44,6 +44,11 @@ from jaxrl_llm.train.shardings import batch_sharding
 from sharding import fetch_global
 
 
+def _unpaired(config: RunConfig) -> bool:
+    """KTO's and BCO's labelled completions; pairs for the other losses and reward models."""
+    return config.preference is not None and not config.preference.paired
+
+
 def load_preference_examples(config: RunConfig, tokenizer: Any) -> tuple[list[Any], dict[str, int]]:
     """The run's tokenized preference examples and counts for the summary.
 
@@ -59,7 +64,7 @@ def load_preference_examples(config: RunConfig, tokenizer: Any) -> tuple[list[An
       (4, 4, True)
     """
     kind, path = parse_source(config.data.source)
-    unpaired = not config.preference.paired
+    unpaired = _unpaired(config)
     if kind == "arithmetic":
         source: Any = arithmetic_preference_records(
             config.data.arithmetic, split="train", seed=config.data.seed, unpaired=unpaired
@@ -97,7 +102,7 @@ def load_preference_eval_examples(config: RunConfig, tokenizer: Any) -> list[Any
       8
     """
     kind, _ = parse_source(config.data.source)
-    unpaired = not config.preference.paired
+    unpaired = _unpaired(config)
     if config.data.preference_eval_source is not None:
         source: Any = parse_source(config.data.preference_eval_source, "preference_eval_source")[1]
     elif kind == "arithmetic":
@@ -125,6 +130,8 @@ def _prepared_batch(
         examples, pad_id=ctx.tokenizer.pad_id, config=config.preference_data
     )
     batch = jax.device_put(batch, batch_sharding(ctx.mesh))
+    if config.preference is None:  # a reward model: the pairs alone
+        return batch, None
     batch, moments = prepare_preference_batch(
         config.preference,
         batch,
@@ -189,7 +196,7 @@ def evaluate_preference(ctx: RunContext, state: TrainState) -> dict[str, float]:
         return {}
     started = time.perf_counter()
     B = ctx.config.train.prompts_per_step
-    run = preference_eval_program(ctx.config.preference, ctx.graphs)
+    run = preference_eval_program(ctx.config.objective, ctx.graphs)
     sums: dict[str, float] = {}
     with jax.set_mesh(ctx.mesh):
         for first in range(0, len(examples), B):

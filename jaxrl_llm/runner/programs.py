@@ -6,7 +6,7 @@ A run compiles a handful of programs, each once:
     logprob      old-policy / reference forward                      per policy graph
     value        critic forward (PPO)                                per model graphs
     advantages   build_rl_batch (advantages, returns, kept groups)   per algorithm and G
-    update       the donated update step (RL, SFT or preference)      per objective, optimizer
+    update       the donated update step (RL, SFT, preference, RM)    per objective, optimizer
                  (jit over the mesh, or data-parallel: `parallel`)     and parallel form
 
 Weights are always arguments, never constants, so new parameters never recompile. The caches
@@ -33,6 +33,7 @@ from jaxrl_llm.train import (
     ModelGraphs,
     OptimConfig,
     PreferenceConfig,
+    RewardModelConfig,
     SFTConfig,
     build_rl_batch,
     kl_controller,
@@ -41,6 +42,7 @@ from jaxrl_llm.train import (
     make_update_step,
     make_value_fn,
     preference_objective,
+    reward_model_objective,
     rl_objective,
     sft_objective,
     train_state_shardings,
@@ -155,18 +157,27 @@ def value_program(graphs: ModelGraphs, group_size: int = 1) -> Callable[..., Any
     return make_value_fn(graphs, group_size=group_size)
 
 
+def _pairs_objective(config: PreferenceConfig | RewardModelConfig, graphs: ModelGraphs) -> Any:
+    if isinstance(config, RewardModelConfig):
+        return reward_model_objective(config, graphs)
+    return preference_objective(config, graphs)
+
+
 @functools.lru_cache(maxsize=_CACHE_SIZE)
-def preference_eval_program(config: PreferenceConfig, graphs: ModelGraphs) -> Callable[..., Any]:
-    """`(params, frozen, batch) -> metrics` of `preference_objective` on one whole prepared
-    batch, under `jax.jit` (no gradient, no update): the held-out evaluation of a preference
-    run (`runner.preference.evaluate_preference`).
+def preference_eval_program(
+    config: PreferenceConfig | RewardModelConfig, graphs: ModelGraphs
+) -> Callable[..., Any]:
+    """`(params, frozen, batch) -> metrics` of `preference_objective` (or of
+    `reward_model_objective`) on one whole prepared batch, under `jax.jit` (no gradient, no
+    update): the held-out evaluation of a preference or reward-model run
+    (`runner.preference.evaluate_preference`).
 
     Examples:
       >>> fn = preference_eval_program(PreferenceConfig(), ModelGraphs(policy=None))
       >>> fn is preference_eval_program(PreferenceConfig(), ModelGraphs(policy=None))
       True
     """
-    objective = preference_objective(config, graphs)
+    objective = _pairs_objective(config, graphs)
 
     @jax.jit
     def run(params: Any, frozen: Any, batch: Any) -> dict[str, jax.Array]:
@@ -196,7 +207,7 @@ _UPDATE_CACHE: dict[Any, Callable[..., Any]] = {}
 
 
 def update_program(
-    objective_config: AlgorithmConfig | SFTConfig | PreferenceConfig,
+    objective_config: AlgorithmConfig | SFTConfig | PreferenceConfig | RewardModelConfig,
     graphs: ModelGraphs,
     optim: OptimConfig,
     mesh: Mesh,
@@ -205,8 +216,8 @@ def update_program(
     row_groups: int = 1,
     group_size: int = 1,
 ) -> Callable[..., Any]:
-    """The compiled, donated update step of an RL algorithm, SFT or a preference loss, with
-    non-finite skipping.
+    """The compiled, donated update step of an RL algorithm, SFT, a preference loss or a reward
+    model, with non-finite skipping.
 
     `parallel="jit"`: jitted over `mesh` with the shardings of `state`
     (`train_state_shardings`). `parallel="pmap"`: the data-parallel step
@@ -220,7 +231,8 @@ def update_program(
     threads (`jaxrl_llm.train.row_groups`; the same update up to float rounding).
 
     Args:
-      objective_config: an `AlgorithmConfig` (RL), an `SFTConfig` or a `PreferenceConfig`.
+      objective_config: an `AlgorithmConfig` (RL), an `SFTConfig`, a `PreferenceConfig` or a
+        `RewardModelConfig`.
       graphs: the model graphs.
       optim: the optimizer config (its `make_optimizer` built the state's optimizer state).
       mesh: the device mesh.
@@ -257,8 +269,8 @@ def update_program(
     controller = None
     if isinstance(objective_config, SFTConfig):
         objective = sft_objective(objective_config, graphs)
-    elif isinstance(objective_config, PreferenceConfig):
-        objective = preference_objective(objective_config, graphs)
+    elif isinstance(objective_config, PreferenceConfig | RewardModelConfig):
+        objective = _pairs_objective(objective_config, graphs)
     else:
         objective = rl_objective(objective_config, graphs, group_size=group_size)
         controller = kl_controller(objective_config.kl)

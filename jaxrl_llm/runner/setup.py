@@ -313,7 +313,7 @@ def build_context(
         info.update(ws_info)
     algorithm = config.algorithm
     preference_examples = preference_eval_examples = None
-    if config.preference is not None:
+    if config.offline_pairs:
         preference_examples, pref_info = load_preference_examples(config, tokenizer)
         preference_eval_examples = load_preference_eval_examples(config, tokenizer)
         pref_info["data/preference_eval_examples"] = len(preference_eval_examples)
@@ -334,7 +334,7 @@ def build_context(
         reward_moments=losses.init_running_moments() if bco else None,
     )
     state = place_global(state, train_state_shardings(state, mesh, optimizer))
-    objective = algorithm or config.sft or config.preference
+    objective = config.objective
     groups = update_row_groups(config, task, params["policy"], mesh)
     update = update_program(
         objective,

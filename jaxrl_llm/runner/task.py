@@ -62,6 +62,8 @@ class TaskData(NamedTuple):
 
 
 def _has_eval_split(config: RunConfig) -> bool:
+    if config.kind == "reward_model":  # a reward model does not generate: pairs only
+        return False
     kind, _ = parse_source(config.data.source)
     return kind not in ("jsonl", "parquet") or config.data.eval_source is not None
 
@@ -126,7 +128,7 @@ def load_task(config: RunConfig, tokenizer: Any) -> TaskData:
     budget = config.train.max_prompt_tokens
     source_kind, _ = parse_source(config.data.source)
     # a preference run's JSONL holds preference records: only its eval split is a task split
-    preference_file = config.kind == "preference" and source_kind == "jsonl"
+    preference_file = config.offline_pairs and source_kind == "jsonl"
     train = [] if preference_file else load_split(config.data, "train")
     train_len = _prompt_lengths(train, config, tokenizer)
     train, train_len, dropped_train = _fit(train, train_len, budget, "train")

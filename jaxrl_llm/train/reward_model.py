@@ -52,6 +52,9 @@ class RewardModelConfig:
     Attributes:
       margin: the Bradley-Terry margin subtracted from every pair's score difference.
       center_coef: weight of the centring term `mean (r_c + r_r)²` (0: off).
+      epochs: passes over each batch.
+      minibatches: optimizer updates per epoch.
+      shuffle: reshuffle the pairs every epoch.
 
     Examples:
       >>> RewardModelConfig(center_coef=0.01).margin
@@ -64,8 +67,15 @@ class RewardModelConfig:
 
     margin: float = 0.0
     center_coef: float = 0.0
+    epochs: int = 1
+    minibatches: int = 1
+    shuffle: bool = True
 
     def __post_init__(self) -> None:
+        for key in ("epochs", "minibatches"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"RewardModelConfig: `{key}` must be an int >= 1, got {value!r}.")
         if not math.isfinite(self.margin):
             raise ConfigError(f"RewardModelConfig: `margin` must be finite, got {self.margin}.")
         if not math.isfinite(self.center_coef) or self.center_coef < 0:
@@ -227,6 +237,9 @@ def train_reward_model(
     update = make_update_step(
         reward_model_objective(config, graphs),
         tx,
+        epochs=config.epochs,
+        minibatches=config.minibatches,
+        shuffle=config.shuffle,
         accumulation_steps=optim_config.accumulation_steps,
     )
     state, history = _offline_steps(

@@ -1,4 +1,5 @@
-"""The run's random initialisations: one compiled program, the values of the eager construction."""
+"""The run's models: random initialisations (one compiled program, the values of the eager
+construction) and the export (weights and the run's tokenizer)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import pytest
 from flax import nnx
 
 from jaxrl_llm.models import Decoder, ModelConfig, ValueModel
-from jaxrl_llm.runner.models import compiled_init
+from jaxrl_llm.runner.models import compiled_init, export_policy
+from jaxrl_llm.tokenizer import load_tokenizer
+from jaxrl_llm.train import split_models
 
 CFG = ModelConfig(
     family="qwen3",
@@ -52,3 +55,33 @@ def test_compiled_init_equals_the_eager_construction(cls, production_compiles):
     assert not np.array_equal(
         np.asarray(jax.tree.leaves(other)[0]), np.asarray(jax.tree.leaves(eager)[0])
     )
+
+
+def test_the_export_holds_the_runs_transformers_tokenizer(tmp_path):
+    """An exported run is a complete `model.checkpoint` for the next stage: the weights and,
+    for a `transformers` tokenizer, its files (chat template included)."""
+    tokenizers = pytest.importorskip("tokenizers")
+    transformers = pytest.importorskip("transformers")
+    words = ["<pad>", "<s>", "</s>", "<unk>", "the", "cat", "sat"]
+    backend = tokenizers.Tokenizer(
+        tokenizers.models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>")
+    )
+    backend.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>"
+    )
+    fast.chat_template = "{{ messages[0]['content'] }}</s>"
+    fast.save_pretrained(tmp_path / "tokenizer")
+    tokenizer = load_tokenizer(tmp_path / "tokenizer", chat_template=True)
+    graphs, params, frozen = split_models(Decoder(CFG, rngs=nnx.Rngs(0)))
+    out = export_policy(
+        graphs, params["policy"], frozen["policy"], tmp_path / "export", None, tokenizer
+    )
+    again = load_tokenizer(out, chat_template=True)
+    assert again.encode("the cat sat", add_bos=False, add_eos=True) == [4, 5, 6, 2]
+    assert again.render([{"role": "user", "content": "the cat"}]) == "the cat</s>"
+    assert (out / "model.safetensors").is_file()
+    byte = export_policy(
+        graphs, params["policy"], frozen["policy"], tmp_path / "b", None, load_tokenizer("byte")
+    )
+    assert sorted(p.name for p in byte.iterdir()) == ["config.json", "model.safetensors"]

@@ -38,8 +38,8 @@ from jaxrl_llm.data import (
 )
 from jaxrl_llm.runner.config import RunConfig
 from jaxrl_llm.runner.context import RunContext
-from jaxrl_llm.runner.programs import logprob_program, preference_eval_program
-from jaxrl_llm.train import PreferenceBatch, TrainState, prepare_preference_batch
+from jaxrl_llm.runner.programs import preference_eval_program, preference_prepare_program
+from jaxrl_llm.train import PreferenceBatch, TrainState
 from jaxrl_llm.train.shardings import batch_sharding
 from sharding import fetch_global
 
@@ -132,14 +132,9 @@ def _prepared_batch(
     batch = jax.device_put(batch, batch_sharding(ctx.mesh))
     if config.preference is None:  # a reward model: the pairs alone
         return batch, None
-    batch, moments = prepare_preference_batch(
-        config.preference,
-        batch,
-        logprob_fn=logprob_program(ctx.graphs.policy, 1.0, config.preference.chunk_size),
-        policy_params=state.params["policy"],
-        ref_params=ctx.reference,
-        frozen=state.frozen["policy"],
-        reward_moments=state.reward_moments,
+    prepare = preference_prepare_program(config.preference, ctx.graphs.policy)
+    batch, moments = prepare(
+        batch, state.params["policy"], ctx.reference, state.frozen["policy"], state.reward_moments
     )
     # the per-row fields prepared here (KTO's reference point, BCO's shift) are built
     # replicated: rows over the batch axes, as the update step takes them

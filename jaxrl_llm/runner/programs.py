@@ -5,6 +5,8 @@ A run compiles a handful of programs, each once:
     rollout      sample_tokens (+ the in-graph exact_answer reward)   per sampling config
     logprob      old-policy / reference forward                      per policy graph
     value        critic forward (PPO)                                per model graphs
+    preference   prepare_preference_batch (reference log-probs, KTO   per preference config
+    preparation  reference point, BCO moments), one program           and policy graph
     advantages   build_rl_batch (advantages, returns, kept groups)   per algorithm and G
     update       the donated update step (RL, SFT, preference, RM)    per objective, optimizer
                  (jit over the mesh, or data-parallel: `parallel`)     and parallel form
@@ -42,6 +44,7 @@ from jaxrl_llm.train import (
     make_update_step,
     make_value_fn,
     preference_objective,
+    prepare_preference_batch,
     reward_model_objective,
     rl_objective,
     sft_objective,
@@ -155,6 +158,36 @@ def value_program(graphs: ModelGraphs, group_size: int = 1) -> Callable[..., Any
       ValueError: make_value_fn: `graphs.value` is None (no critic was split).
     """
     return make_value_fn(graphs, group_size=group_size)
+
+
+@functools.lru_cache(maxsize=_CACHE_SIZE)
+def preference_prepare_program(config: PreferenceConfig, graphdef: Any) -> Callable[..., Any]:
+    """`(batch, policy_params, ref_params, frozen, reward_moments) -> (batch, moments)`:
+    `prepare_preference_batch` (reference log-probs, KTO's reference point, BCO's running
+    moments) as one `jax.jit` program. On a mesh of several devices its arithmetic on the
+    batch's rows then runs inside one compiled program instead of as eager ops, each a small
+    program of its own with its collectives.
+
+    Examples:
+      >>> fn = preference_prepare_program(PreferenceConfig(), None)
+      >>> fn is preference_prepare_program(PreferenceConfig(), None)
+      True
+    """
+    logprob_fn = logprob_program(graphdef, 1.0, config.chunk_size)
+
+    @jax.jit
+    def run(batch: Any, policy_params: Any, ref_params: Any, frozen: Any, moments: Any) -> Any:
+        return prepare_preference_batch(
+            config,
+            batch,
+            logprob_fn=logprob_fn,
+            policy_params=policy_params,
+            ref_params=ref_params,
+            frozen=frozen,
+            reward_moments=moments,
+        )
+
+    return run
 
 
 def _pairs_objective(config: PreferenceConfig | RewardModelConfig, graphs: ModelGraphs) -> Any:

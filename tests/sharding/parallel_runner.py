@@ -13,7 +13,8 @@ within `TOLERANCE` (float32). On every mesh each large matrix (and its Adam mome
 `1 / (fsdp · tensor)` of its bytes per device. The compiled sampler on (8,1,1), (1,8,1) and
 (1,4,2) must draw the tokens of one device ((2,2,2) under automatic axes is
 `tests/sampler/test_sharded.py`'s check). `jaxrl-llm train` with `parallel: pmap` must log the
-metrics of `parallel: jit` on 8 devices.
+metrics of `parallel: jit` on 8 devices; a BCO preference run trains on (2,4,1) (its preparation
+is one compiled program: `runner.programs.preference_prepare_program`).
 The data-parallel step refuses meshes with fsdp/tensor > 1 and batches whose rows do not
 split. Prints `RESULT {json}` with the measured differences.
 """
@@ -32,7 +33,7 @@ from jaxrl_llm.cli import main as cli
 from jaxrl_llm.train import make_update_step, train_state_shardings
 from jaxrl_llm.train.parallel import make_data_parallel_update_step
 from sharding import MeshConfig, make_mesh
-from tests.runner.helpers import CONFIGS, TINY, train_records
+from tests.runner.helpers import CONFIGS, PREFERENCE, TINY, train_records
 from tests.sharding import parallel_problem as problem
 
 JIT_MESHES = ((8, 1, 1), (1, 8, 1), (2, 2, 2), (1, 4, 2))
@@ -161,6 +162,21 @@ def check_runner() -> float:
     return worst
 
 
+def check_preference_runner() -> float:
+    """`jaxrl-llm train configs/bco.yaml` (8 pairs, 2 steps) runs on a (2, 4, 1) mesh: the
+    per-row fields that the preparation adds (BCO's shift δ, KTO's reference point) are placed
+    over the batch axes, as the update step takes them. Returns δ after step 2."""
+    overrides = [*PREFERENCE, "train.prompts_per_step=8", "train.eval_prompts=0"]
+    overrides += ["export.enabled=false", "mesh={data: 2, fsdp: 4, tensor: 1, axis_types: auto}"]
+    with tempfile.TemporaryDirectory() as tmp:
+        argv = ["train", str(CONFIGS / "bco.yaml"), *overrides, "--run-dir", tmp]
+        assert cli(argv) == 0
+        steps = train_records(tmp)
+    assert [r["step"] for r in steps] == [1, 2], steps
+    assert all(np.isfinite(v) for r in steps for v in r.values()), steps
+    return steps[1]["pref/delta"]
+
+
 def main() -> None:
     assert jax.device_count() == 8, f"expected 8 devices, got {jax.device_count()}"
     batch = problem.batch()
@@ -184,6 +200,8 @@ def main() -> None:
     _log("sampler")
     results["runner_metrics"] = check_runner()
     _log("runner")
+    results["preference_delta"] = check_preference_runner()
+    _log("preference runner")
     print("RESULT " + json.dumps(results), flush=True)
 
 

@@ -25,7 +25,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 
 test: lint
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) -q
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal -q
 
 format: $(STAMP)
 	$(BIN)/ruff format .

@@ -34,6 +34,7 @@ from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.decoder import Decoder, Remat
 from jaxrl_llm.models.hf_names import TensorMap, check_names, tensor_maps, value_head_map
+from jaxrl_llm.models.lora import has_lora, merge_lora
 from jaxrl_llm.models.value import ValueHead, ValueModel
 from sharding.rules import LOGICAL_AXIS_RULES, Rules, logical_to_spec
 
@@ -272,6 +273,8 @@ def save_pretrained(
     """
     from safetensors.numpy import save_file
 
+    if has_lora(model):  # LoRA adapters are folded into their weights: a plain checkpoint
+        model = merge_lora(model)
     config = model.config
     if isinstance(model, ValueModel):
         maps = _model_maps(config, "value")

@@ -29,6 +29,7 @@ import numpy as np
 from flax import nnx
 
 from jaxrl_llm.models._sharded_ops import (
+    Names,
     compute_weight,
     dense,
     plain_layout,
@@ -263,6 +264,36 @@ def chunked_attend(
     return map_position_chunks(block, (q, mask), chunk)
 
 
+def project(module: nnx.Module, name: str, x: Array, contract: int, names: Names) -> Array:
+    """`x · W` for the projection `W = module.<name>` (its first `contract` axes contracted with
+    the last ones of `x`), plus its LoRA update `s · (x·A)·B` when `module` has adapters
+    `<name>_lora_a` / `<name>_lora_b` (`models.lora`; `s = module.lora_scale`), all in the
+    module's compute dtype.
+
+    Examples:
+      >>> class Proj(nnx.Module):
+      ...     def __init__(self):
+      ...         self.w = make_param(jax.random.key(0), (3, 2), ("embed", "mlp"), jnp.float32, "ones")
+      ...         self.dtype = jnp.float32
+      >>> project(Proj(), "w", jnp.ones((1, 1, 3)), 1, ("batch", "length", "mlp")).tolist()
+      [[[3.0, 3.0]]]
+    """
+    out = dense(
+        x, compute_weight(getattr(module, name), module.dtype), contract=contract, names=names
+    )
+    a = getattr(module, f"{name}_lora_a", None)
+    if a is None:
+        return out
+    low = dense(
+        x,
+        compute_weight(a, module.dtype),
+        contract=contract,
+        names=(*names[: x.ndim - contract], None),
+    )
+    b = compute_weight(getattr(module, f"{name}_lora_b"), module.dtype)
+    return out + module.lora_scale * dense(low, b, contract=1, names=names)
+
+
 class Attention(nnx.Module):
     """Multi-head attention with GQA, optional biases, optional QK-norm and rotary.
 
@@ -303,8 +334,7 @@ class Attention(nnx.Module):
 
     def _project(self, x: Array, name: str) -> Array:
         heads = "heads" if name == "q" else "kv_heads"
-        weight = compute_weight(getattr(self, name), self.dtype)
-        out = dense(x, weight, contract=1, names=("batch", "length", heads, "head_dim"))
+        out = project(self, name, x, contract=1, names=("batch", "length", heads, "head_dim"))
         if self.config.qkv_bias:
             out = out + compute_weight(getattr(self, f"{name}_bias"), self.dtype)
         return out
@@ -322,8 +352,7 @@ class Attention(nnx.Module):
             k, v, written = kv(k, v)
         attention = attend if attention is None else attention
         out = attention(q, k, v, mask, scale=cfg.attention_scale, softcap=cfg.attn_logit_softcap)
-        weight = compute_weight(self.o, self.dtype)
-        out = dense(out, weight, contract=2, names=("batch", "length", "embed"))
+        out = project(self, "o", out, contract=2, names=("batch", "length", "embed"))
         if cfg.o_bias:
             out = out + compute_weight(self.o_bias, self.dtype)
         return out, written
@@ -350,11 +379,10 @@ class MLP(nnx.Module):
     def __call__(self, x: Array) -> Array:
         """`x[N, S, D]` → `[N, S, D]`; the hidden `[N, S, F]` is split over `tensor`."""
         hidden = ("batch", "length", "mlp")
-        gate = dense(x, compute_weight(self.gate, self.dtype), contract=1, names=hidden)
-        up = dense(x, compute_weight(self.up, self.dtype), contract=1, names=hidden)
-        down = compute_weight(self.down, self.dtype)
-        return dense(
-            _ACT[self.activation](gate) * up, down, contract=1, names=("batch", "length", "embed")
+        gate = project(self, "gate", x, contract=1, names=hidden)
+        up = project(self, "up", x, contract=1, names=hidden)
+        return project(
+            self, "down", _ACT[self.activation](gate) * up, 1, ("batch", "length", "embed")
         )
 
 

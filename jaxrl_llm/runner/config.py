@@ -37,7 +37,7 @@ from jaxrl_llm.checkpoint import CheckpointConfig
 from jaxrl_llm.config import ConfigError, build  # noqa: F401 (doctests)
 from jaxrl_llm.data import DataConfig, PreferenceDataConfig, parse_source
 from jaxrl_llm.metrics_log import MetricsConfig
-from jaxrl_llm.models import ModelConfig
+from jaxrl_llm.models import LoRAConfig, ModelConfig
 from jaxrl_llm.rewards import RewardConfig
 from jaxrl_llm.sampler import SamplingConfig
 from jaxrl_llm.train import (
@@ -73,8 +73,12 @@ class ModelSection:
         (`Decoder`), so attention's float32 logits and probabilities take memory linear in
         the sequence length instead of quadratic; for long sequences on accelerators
         (docs/models.md).
-      trainable: regexes of the trainable parameter paths (`split_models`; () = all).
+      trainable: regexes of the trainable parameter paths (`split_models`; () = all, or with
+        `lora` the adapters, a reward model's scalar head and the critic).
       frozen: regexes of parameter paths to freeze.
+      lora: LoRA adapters on the policy's projections (`models.LoRAConfig`: rank, alpha,
+        targets, use_rslora), drawn with `seed + 2`; None: none. The export folds them into
+        the weights (a plain checkpoint).
       critic_checkpoint: the PPO critic (`critic.kind: model`) from this checkpoint
         (`*ForSequenceClassification` or a causal LM whose backbone gets a fresh head); None:
         the policy's checkpoint backbone with a fresh head, or a random critic of `init`.
@@ -99,6 +103,7 @@ class ModelSection:
     attention_chunk: int | None = None
     trainable: tuple[str, ...] = ()
     frozen: tuple[str, ...] = ()
+    lora: LoRAConfig | None = None
     critic_checkpoint: str | None = None
 
     def __post_init__(self) -> None:

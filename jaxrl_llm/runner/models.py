@@ -4,6 +4,7 @@
              model.init       → Decoder(init, rngs=Rngs(seed))
              (a `reward_model:` run trains a ValueModel in the policy's place:
               from_pretrained(..., head="value", seed=seed), or ValueModel(init, rngs=Rngs(seed)))
+             model.lora       → add_lora(policy, lora, rngs=Rngs(seed + 2)) on either
     critic   algorithm.critic.kind = "head"  → ValueHead(D, rngs=Rngs(seed + 1))
              algorithm.critic.kind = "model" → from_pretrained(model.critic_checkpoint or
                                                model.checkpoint, head="value"), or a random
@@ -26,7 +27,14 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxrl_llm.config import ConfigError
-from jaxrl_llm.models import Decoder, ValueHead, ValueModel, from_pretrained, save_pretrained
+from jaxrl_llm.models import (
+    Decoder,
+    ValueHead,
+    ValueModel,
+    add_lora,
+    from_pretrained,
+    save_pretrained,
+)
 from jaxrl_llm.runner.config import RunConfig
 from jaxrl_llm.tokenizer import HFTokenizer, load_tokenizer
 from jaxrl_llm.train import ModelGraphs
@@ -105,6 +113,8 @@ def build_policy(config: RunConfig) -> Decoder | ValueModel:
     else:
         cls = ValueModel if scorer else Decoder
         model = compiled_init(lambda: cls(section.init, **kwargs, rngs=nnx.Rngs(config.seed)))
+    if section.lora is not None:
+        model = add_lora(model, section.lora, rngs=nnx.Rngs(config.seed + 2))
     return model
 
 

@@ -28,6 +28,7 @@ from jaxrl_llm.checkpoint import Checkpointer
 from jaxrl_llm.config import ConfigError
 from jaxrl_llm.data import IteratorState
 from jaxrl_llm.metrics_log import METRICS_FILE
+from jaxrl_llm.models import LORA_PATTERN
 from jaxrl_llm.runner.compilation_cache import enable_compilation_cache
 from jaxrl_llm.runner.config import RunConfig, check_devices, config_to_dict
 from jaxrl_llm.runner.context import RunContext
@@ -180,10 +181,14 @@ def update_row_groups(config: RunConfig, task: Any, policy_params: Any, mesh: An
 
 
 def _split(config: RunConfig, policy: Any, critic: Any) -> tuple[Any, Any, Any]:
+    trainable = config.model.trainable
+    if config.model.lora is not None and not trainable:
+        # the adapters train; so do a reward model's scalar head and the whole critic
+        trainable = (LORA_PATTERN,)
+        trainable += (r"^policy\.head\.",) if config.kind == "reward_model" else ()
+        trainable += (r"^value\.",) if critic is not None else ()
     try:
-        return split_models(
-            policy, critic, trainable=config.model.trainable, frozen=config.model.frozen
-        )
+        return split_models(policy, critic, trainable=trainable, frozen=config.model.frozen)
     except ValueError as err:
         raise ConfigError(f"model.trainable / model.frozen: {err}") from None
 

@@ -15,8 +15,12 @@ five collectives: `fetch_global` reads whole arrays back on every process,
 2. Explicit arguments, else the `JAXRL_COORDINATOR_ADDRESS`, `JAXRL_NUM_PROCESSES`,
    `JAXRL_PROCESS_ID` environment variables: all three or none. One process: nothing to do.
 3. None given: if JAX recognises a cluster launcher (Cloud TPU pod slices, SLURM, Open MPI,
-   Kubernetes), `jax.distributed.initialize()` with JAX's own auto-detection; otherwise this is
-   a single-process run and nothing happens.
+   Kubernetes) that reports more than one process, `jax.distributed.initialize()` with JAX's
+   own auto-detection; otherwise this is a single-process run and nothing happens. A launcher
+   of one process (`srun -n 1`, a one-task SLURM batch job, a single TPU VM) starts nothing:
+   JAX's auto-detection would bind the process to the one device of its local rank
+   (`local_device_ids = [SLURM_LOCALID]` on GPUs), and a single-process job uses all of the
+   host's devices.
 
 CPU-only multi-process runs (the tests) need cross-process CPU collectives:
 `jax.config.update("jax_cpu_collectives_implementation", "gloo")`, the default in JAX 0.10.
@@ -92,6 +96,23 @@ def _cluster_environment() -> str | None:
         if not getattr(env, "opt_in_only_method", False) and env.is_env_present():
             return env.__name__
     return None
+
+
+def _cluster_process_count(cluster: str) -> int | None:
+    """The number of processes the launcher `cluster` (a name from `_cluster_environment`)
+    reports, or None when it cannot tell (an unknown registry, a launcher query that fails).
+
+    Examples:
+      >>> _cluster_process_count("unknown") is None
+      True
+    """
+    try:
+        from jax._src.clusters import ClusterEnv
+
+        env = next(e for e in ClusterEnv._cluster_types if e.__name__ == cluster)
+        return int(env.get_process_count())
+    except Exception:  # a launcher's own query (environment, metadata server) failed
+        return None
 
 
 def initialize_distributed(
@@ -197,7 +218,7 @@ def initialize_distributed(
         return _STARTED
 
     cluster = _cluster_environment()
-    if cluster is None:
+    if cluster is None or _cluster_process_count(cluster) == 1:
         return ProcessInfo(0, 1, None, "single")
     try:
         jax.distributed.initialize(

@@ -60,6 +60,7 @@ def test_cluster_launchers_are_left_to_jax(monkeypatch):
     monkeypatch.setattr(dist, "_STARTED", None)
     calls = []
     monkeypatch.setattr(dist, "_cluster_environment", lambda: "SlurmCluster")
+    monkeypatch.setattr(dist, "_cluster_process_count", lambda cluster: 4)
     monkeypatch.setattr(dist.jax.distributed, "initialize", lambda **k: calls.append(k))
     info = initialize_distributed(environ={})
     assert info.source == "cluster" and "coordinator_address" not in calls[0]
@@ -71,6 +72,24 @@ def test_cluster_launchers_are_left_to_jax(monkeypatch):
 
     monkeypatch.setattr(dist.jax.distributed, "initialize", no_launcher)
     assert initialize_distributed(environ={}).source == "single"
+
+
+def test_a_launcher_of_one_process_starts_nothing(monkeypatch):
+    """`srun -n 1` (or a one-task batch job): JAX's auto-detection would bind the process to
+    the device of its local rank; a single process keeps all of its devices instead."""
+    monkeypatch.setattr(dist, "_STARTED", None)
+    slurm = {"SLURM_JOB_ID": "77", "SLURM_STEP_NODELIST": "node001", "SLURM_NTASKS": "1"}
+    slurm.update({"SLURM_PROCID": "0", "SLURM_LOCALID": "0"})
+    for key, value in slurm.items():
+        monkeypatch.setenv(key, value)
+    assert dist._cluster_environment() == "SlurmCluster"
+    assert dist._cluster_process_count("SlurmCluster") == 1
+    calls = []
+    monkeypatch.setattr(dist.jax.distributed, "initialize", lambda **k: calls.append(k))
+    assert initialize_distributed(environ={}) == dist.ProcessInfo(0, 1, None, "single")
+    assert calls == []
+    monkeypatch.setenv("SLURM_NTASKS", "2")  # two tasks: JAX's auto-detection starts the job
+    assert initialize_distributed(environ={}).source == "cluster" and len(calls) == 1
 
 
 def test_partial_or_malformed_settings_are_errors(no_cluster):

@@ -267,7 +267,7 @@ def chunked_attend(
 def project(module: nnx.Module, name: str, x: Array, contract: int, names: Names) -> Array:
     """`x · W` for the projection `W = module.<name>` (its first `contract` axes contracted with
     the last ones of `x`), plus its LoRA update `s · (x·A)·B` when `module` has adapters
-    `<name>_lora_a` / `<name>_lora_b` (`models.lora`; `s = module.lora_scale`), all in the
+    `<name>_lora_a` / `<name>_lora_b` (`models.lora`; `s = module.lora_config.scale`), all in the
     module's compute dtype.
 
     Examples:
@@ -291,7 +291,7 @@ def project(module: nnx.Module, name: str, x: Array, contract: int, names: Names
         names=(*names[: x.ndim - contract], None),
     )
     b = compute_weight(getattr(module, f"{name}_lora_b"), module.dtype)
-    return out + module.lora_scale * dense(low, b, contract=1, names=names)
+    return out + module.lora_config.scale * dense(low, b, contract=1, names=names)
 
 
 class Attention(nnx.Module):

@@ -136,7 +136,7 @@ def add_lora(model: nnx.Module, config: LoRAConfig, *, rngs: nnx.Rngs) -> nnx.Mo
             setattr(host, f"{name}_lora_a", _param(a.astype(value.dtype), a_names))
             setattr(host, f"{name}_lora_b", _param(jnp.zeros(b_shape, value.dtype), b_names))
             added += 1
-        host.lora_scale = config.scale
+        host.lora_config = config  # static: its scale enters the forward
     if not added:
         raise ValueError(f"add_lora: no projection of the model matches {list(config.targets)}.")
     return model
@@ -196,12 +196,12 @@ def merge_lora(model: nnx.Module) -> nnx.Module:
             b = getattr(host, f"{name}_lora_b")
             value = weight[...]
             stacked = value.ndim - TARGETS[name]
-            delta = lora_delta(a[...], b[...], host.lora_scale, value.shape, stacked)
+            delta = lora_delta(a[...], b[...], host.lora_config.scale, value.shape, stacked)
             weight.set_value((value.astype(jnp.float32) + delta).astype(value.dtype))
             delattr(host, f"{name}_lora_a")
             delattr(host, f"{name}_lora_b")
-        if hasattr(host, "lora_scale"):
-            delattr(host, "lora_scale")
+        if hasattr(host, "lora_config"):
+            delattr(host, "lora_config")
     return model
 
 

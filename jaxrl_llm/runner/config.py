@@ -78,7 +78,11 @@ class ModelSection:
       frozen: regexes of parameter paths to freeze.
       lora: LoRA adapters on the policy's projections (`models.LoRAConfig`: rank, alpha,
         targets, use_rslora), drawn with `seed + 2`; None: none. The export folds them into
-        the weights (a plain checkpoint).
+        the weights (a plain checkpoint) and writes them alone in PEFT's format
+        (`export/adapter`).
+      lora_adapter: start from the LoRA adapters of a PEFT adapter directory instead
+        (`adapter_config.json` + `adapter_model.safetensors`, e.g. an earlier run's
+        `export/adapter` with its base `checkpoint`); not with `lora`.
       critic_checkpoint: the PPO critic (`critic.kind: model`) from this checkpoint
         (`*ForSequenceClassification` or a causal LM whose backbone gets a fresh head); None:
         the policy's checkpoint backbone with a fresh head, or a random critic of `init`.
@@ -104,6 +108,7 @@ class ModelSection:
     trainable: tuple[str, ...] = ()
     frozen: tuple[str, ...] = ()
     lora: LoRAConfig | None = None
+    lora_adapter: str | None = None
     critic_checkpoint: str | None = None
 
     def __post_init__(self) -> None:
@@ -112,6 +117,11 @@ class ModelSection:
             raise ConfigError(
                 "model: set exactly one of `checkpoint` (a local Hugging Face directory) and "
                 f"`init` (a random architecture), got {got}."
+            )
+        if self.lora is not None and self.lora_adapter is not None:
+            raise ConfigError(
+                "model.lora_adapter: the adapter file sets rank, alpha and targets; remove "
+                "model.lora (or model.lora_adapter)."
             )
         chunk = self.attention_chunk
         if chunk is not None and (

@@ -424,6 +424,7 @@ def run_training(prepared: PreparedRun, *, resume_command: str | None = None) ->
             ctx.run_dir / config.export.directory,
             config.export.dtype,
             ctx.tokenizer,
+            base_model=config.model.checkpoint,
         )
     summary = _summary(ctx, before, after, step, wall(), skips, final, info, None)
     if is_main_process():  # one writer per job

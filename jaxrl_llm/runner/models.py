@@ -5,6 +5,7 @@
              (a `reward_model:` run trains a ValueModel in the policy's place:
               from_pretrained(..., head="value", seed=seed), or ValueModel(init, rngs=Rngs(seed)))
              model.lora       → add_lora(policy, lora, rngs=Rngs(seed + 2)) on either
+             model.lora_adapter → load_lora_adapter(policy, path) (a PEFT adapter directory)
     critic   algorithm.critic.kind = "head"  → ValueHead(D, rngs=Rngs(seed + 1))
              algorithm.critic.kind = "model" → from_pretrained(model.critic_checkpoint or
                                                model.checkpoint, head="value"), or a random
@@ -33,14 +34,17 @@ from jaxrl_llm.models import (
     ValueModel,
     add_lora,
     from_pretrained,
+    has_lora,
     save_pretrained,
 )
+from jaxrl_llm.models.lora_io import load_lora_adapter, save_lora_adapter
 from jaxrl_llm.runner.config import RunConfig
 from jaxrl_llm.tokenizer import HFTokenizer, load_tokenizer
 from jaxrl_llm.train import ModelGraphs
 from sharding import fetch_global, is_main_process
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+ADAPTER_DIR = "adapter"  # the export's LoRA adapters in PEFT's format
 
 
 def compiled_init(factory: Callable[[], nnx.Module]) -> nnx.Module:
@@ -115,6 +119,11 @@ def build_policy(config: RunConfig) -> Decoder | ValueModel:
         model = compiled_init(lambda: cls(section.init, **kwargs, rngs=nnx.Rngs(config.seed)))
     if section.lora is not None:
         model = add_lora(model, section.lora, rngs=nnx.Rngs(config.seed + 2))
+    elif section.lora_adapter is not None:
+        try:
+            model = load_lora_adapter(model, section.lora_adapter)
+        except (ValueError, OSError) as err:
+            raise ConfigError(f"model.lora_adapter: {err}") from None
     return model
 
 
@@ -182,12 +191,15 @@ def export_policy(
     path: str | pathlib.Path,
     dtype: str | None,
     tokenizer: Any = None,
+    base_model: str | None = None,
 ) -> pathlib.Path:
     """Write the policy `merge(graphs.policy, params, frozen)` as a Hugging Face checkpoint
     (a `ValueModel`: a `*ForSequenceClassification` one), with the run's tokenizer files when
     it is a `transformers` tokenizer, so that the directory is a complete `model.checkpoint`
     (tokenizer included) for the next stage; the byte tokenizer has no files (the next stage
-    sets `tokenizer.path: byte`).
+    sets `tokenizer.path: byte`). A policy with LoRA adapters is written merged, and its
+    adapters alone in PEFT's format in `path/adapter` (`base_model` recorded as the checkpoint
+    they apply to).
 
     Every process of a multi-process job calls it (sharded parameters are gathered); process 0
     writes.
@@ -211,4 +223,6 @@ def export_policy(
     save_pretrained(policy, path, dtype=None if dtype is None else DTYPES[dtype])
     if isinstance(tokenizer, HFTokenizer):
         tokenizer.tokenizer.save_pretrained(str(path))
+    if isinstance(policy, Decoder) and has_lora(policy):
+        save_lora_adapter(policy, path / ADAPTER_DIR, base_model=base_model)
     return path

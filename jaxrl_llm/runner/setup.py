@@ -182,7 +182,8 @@ def update_row_groups(config: RunConfig, task: Any, policy_params: Any, mesh: An
 
 def _split(config: RunConfig, policy: Any, critic: Any) -> tuple[Any, Any, Any]:
     trainable = config.model.trainable
-    if config.model.lora is not None and not trainable:
+    lora = config.model.lora is not None or config.model.lora_adapter is not None
+    if lora and not trainable:
         # the adapters train; so do a reward model's scalar head and the whole critic
         trainable = (LORA_PATTERN,)
         trainable += (r"^policy\.head\.",) if config.kind == "reward_model" else ()

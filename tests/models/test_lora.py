@@ -9,6 +9,9 @@ and the merged export, against float64 NumPy and `transformers`.
   B is not (the LoRA start).
 - `save_pretrained` writes the merged model: `transformers` loads it and computes the adapted
   model's logits (float64 reference).
+- `save_lora_adapter` writes PEFT's format: `peft.PeftModel` on the `transformers` base model
+  computes the adapted model's logits (float64), and `load_lora_adapter` reads the adapters
+  back exactly.
 """
 
 from __future__ import annotations
@@ -163,3 +166,34 @@ def test_the_sampler_draws_with_the_adapters():
     np.testing.assert_allclose(adapted.logprobs, merged.logprobs, rtol=1e-4, atol=1e-4)
     plain = generate(base, prompts, **kw)
     assert float(np.max(np.abs(np.asarray(plain.logprobs) - np.asarray(adapted.logprobs)))) > 1e-3
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        LoRAConfig(rank=4, alpha=8.0),
+        LoRAConfig(rank=3, alpha=2.0, targets=("k", "o", "up"), use_rslora=True),
+    ],
+    ids=["all-targets", "k-o-up-rslora"],
+)
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
+def test_peft_runs_the_saved_adapter_and_it_loads_back(tmp_path, config):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+    from jaxrl_llm.models.lora_io import load_lora_adapter, save_lora_adapter
+
+    base, model = _adapted(config, random_b=True)
+    save_pretrained(base, tmp_path / "base")
+    save_lora_adapter(model, tmp_path / "adapter", base_model=str(tmp_path / "base"))
+    hf_base = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base")
+    reference = peft.PeftModel.from_pretrained(hf_base, tmp_path / "adapter").double().eval()
+    with torch.no_grad():
+        theirs = reference(torch.tensor(np.asarray(TOKENS))).logits.numpy()
+    np.testing.assert_allclose(model(TOKENS, POSITIONS), theirs, rtol=1e-4, atol=1e-4)
+
+    loaded = load_lora_adapter(nnx.clone(base), tmp_path / "adapter")
+    ours, again = nnx.state(model), nnx.state(loaded)
+    for (path, a), (_, b) in zip(nnx.to_flat_state(ours), nnx.to_flat_state(again), strict=True):
+        np.testing.assert_array_equal(a[...], b[...], err_msg=str(path))
+    assert loaded.layers.attn.lora_config == config

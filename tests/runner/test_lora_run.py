@@ -1,7 +1,8 @@
 """`model.lora` in a run: GRPO (configs/grpo.yaml) trains only the adapters of a tiny random
 policy. The base weights stay bit for bit those of the initial model, the reference policy is
 the base model (KL 0 at step 1, positive once the adapters moved), and the export is the merged
-model (`W + s·A·B` of the final adapters), a plain checkpoint."""
+model (`W + s·A·B` of the final adapters), a plain checkpoint, with the adapters alone in PEFT's
+format, from which a new run starts (`model.lora_adapter`)."""
 
 from __future__ import annotations
 
@@ -50,3 +51,12 @@ def test_grpo_trains_the_adapters_of_a_frozen_base_and_exports_the_merged_model(
     for name, value in merged.items():
         np.testing.assert_allclose(exported[name], value, rtol=1e-6, atol=1e-7, err_msg=name)
     assert not np.array_equal(exported["layers.attn.q"], initial["layers.attn.q"])
+
+    # the next run starts from the exported adapters (PEFT format) on the same base
+    adapter = ["model.lora=null", f"model.lora_adapter={tmp_path / 'export' / 'adapter'}"]
+    again = prepare_run(load_run_config(GRPO, [*RUN, *adapter], run_dir=str(tmp_path / "next")))
+    again.checkpointer.close()
+    restarted = _flat(again.state.params["policy"])
+    assert sorted(restarted) == sorted(trained)
+    for name, value in trained.items():
+        np.testing.assert_array_equal(restarted[name], value, err_msg=name)

@@ -1,0 +1,227 @@
+"""LoRA adapters in PEFT's file format: `adapter_config.json` + `adapter_model.safetensors`.
+
+The format that Hugging Face PEFT (`PeftModel.from_pretrained`), TRL and vLLM's LoRA serving
+read. For a projection whose Hugging Face weight is `W_hf [out, in]` (`hf_names`: ours is
+`W_hf.T` with the input axes first), PEFT stores
+
+    base_model.model.model.layers.{i}.self_attn.q_proj.lora_A.weight   [r, in]   = A.reshape(in, r).T
+    base_model.model.model.layers.{i}.self_attn.q_proj.lora_B.weight   [out, r]  = B.reshape(r, out).T
+
+so that its update `s · lora_B @ lora_A` is ours, `s · A·B`, transposed. `save_lora_adapter`
+writes the adapters of a `Decoder`; `load_lora_adapter` adds a file's adapters to a base
+`Decoder` (`add_lora` with the file's rank, α, targets and rsLoRA switch, then its values).
+Settings this module does not implement (DoRA, biases, per-layer ranks or layer subsets, a
+regex `target_modules`, `fan_in_fan_out`) are refused by name.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxrl_llm.models.decoder import Decoder
+from jaxrl_llm.models.hf_names import tensor_maps
+from jaxrl_llm.models.lora import TARGETS, LoRAConfig, add_lora, has_lora
+
+CONFIG_FILE = "adapter_config.json"
+WEIGHTS_FILE = "adapter_model.safetensors"
+_PREFIX = "base_model.model."
+_HOSTS = {
+    **dict.fromkeys(("q", "k", "v", "o"), "attn"),
+    **dict.fromkeys(("gate", "up", "down"), "mlp"),
+}
+# adapter_config.json settings whose non-default values change the computation
+_UNSUPPORTED = {
+    "use_dora": False,
+    "bias": "none",
+    "fan_in_fan_out": False,
+    "layers_to_transform": None,
+    "rank_pattern": {},
+    "alpha_pattern": {},
+    "modules_to_save": None,
+}
+
+
+def _module_names(config: Any, num_layers: int) -> dict[str, list[str]]:
+    """Per target, the Hugging Face module name of each layer (`model.layers.0.self_attn.q_proj`)."""
+    maps = {m.path: m for m in tensor_maps(config)}
+    return {
+        name: [
+            n.removesuffix(".weight")
+            for n in maps[f"layers.{_HOSTS[name]}.{name}"].hf_names(num_layers)
+        ]
+        for name in TARGETS
+    }
+
+
+def _adapters(model: Decoder) -> dict[str, tuple[nnx.Param, nnx.Param]]:
+    out = {}
+    for name, host in _HOSTS.items():
+        module = getattr(model.layers, host)
+        a = getattr(module, f"{name}_lora_a", None)
+        if a is not None:
+            out[name] = (a, getattr(module, f"{name}_lora_b"))
+    return out
+
+
+def save_lora_adapter(
+    model: Decoder, path: str | pathlib.Path, *, base_model: str | None = None
+) -> pathlib.Path:
+    """Write the LoRA adapters of `model` in PEFT's format (module docstring) to `path`.
+
+    Args:
+      model: a `Decoder` with adapters (`add_lora`).
+      path: the output directory (created).
+      base_model: recorded as `base_model_name_or_path` (the checkpoint the adapters apply to).
+
+    Raises:
+      ValueError: `model` is not a `Decoder` or has no adapters.
+
+    Examples:
+      >>> import tempfile
+      >>> from jaxrl_llm.models import ModelConfig
+      >>> cfg = ModelConfig(family="qwen3", vocab_size=11, hidden_size=8, intermediate_size=16,
+      ...                   num_layers=1, num_heads=2, num_kv_heads=1, head_dim=4)
+      >>> model = add_lora(Decoder(cfg, rngs=nnx.Rngs(0)), LoRAConfig(rank=2, targets=("q", "v")),
+      ...                  rngs=nnx.Rngs(1))
+      >>> out = save_lora_adapter(model, tempfile.mkdtemp())
+      >>> json.loads((out / CONFIG_FILE).read_text())["target_modules"]
+      ['q_proj', 'v_proj']
+    """
+    from safetensors.numpy import save_file
+
+    if not isinstance(model, Decoder) or not has_lora(model):
+        raise ValueError("save_lora_adapter: `model` must be a Decoder with LoRA adapters.")
+    adapters = _adapters(model)
+    modules = _module_names(model.config, model.config.num_layers)
+    tensors: dict[str, np.ndarray] = {}
+    for name, (a, b) in adapters.items():
+        a_value, b_value = np.asarray(jax.device_get(a[...])), np.asarray(jax.device_get(b[...]))
+        rank = a_value.shape[-1]
+        for layer, module in enumerate(modules[name]):
+            key = f"{_PREFIX}{module}"
+            tensors[f"{key}.lora_A.weight"] = np.ascontiguousarray(
+                a_value[layer].reshape(-1, rank).T
+            )
+            tensors[f"{key}.lora_B.weight"] = np.ascontiguousarray(
+                b_value[layer].reshape(rank, -1).T
+            )
+    lora = next(
+        getattr(model.layers, host).lora_config
+        for host in ("attn", "mlp")
+        if hasattr(getattr(model.layers, host), "lora_config")
+    )
+    config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "r": lora.rank,
+        "lora_alpha": lora.alpha,
+        "use_rslora": lora.use_rslora,
+        "target_modules": [f"{name}_proj" for name in adapters],
+        "lora_dropout": 0.0,
+        "base_model_name_or_path": base_model,
+        "inference_mode": True,
+        **_UNSUPPORTED,
+    }
+    path = pathlib.Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    save_file(tensors, str(path / WEIGHTS_FILE), metadata={"format": "pt"})
+    return path
+
+
+def read_lora_config(path: str | pathlib.Path) -> LoRAConfig:
+    """The `LoRAConfig` of a PEFT adapter directory (`adapter_config.json`).
+
+    Raises:
+      ValueError: the file is missing, not a LoRA adapter, or uses a setting this library
+        does not implement (named).
+    """
+    file = pathlib.Path(path) / CONFIG_FILE
+    if not file.is_file():
+        raise ValueError(f"load_lora_adapter: {file} does not exist (not a PEFT adapter).")
+    config = json.loads(file.read_text())
+    if config.get("peft_type") != "LORA":
+        raise ValueError(
+            f"load_lora_adapter: {file}: peft_type {config.get('peft_type')!r}, not 'LORA'."
+        )
+    for key, default in _UNSUPPORTED.items():
+        value = config.get(key, default)
+        if value not in (default, None) and not (isinstance(default, dict) and not value):
+            raise ValueError(f"load_lora_adapter: {file}: `{key}` = {value!r} is not supported.")
+    modules = config.get("target_modules")
+    if not isinstance(modules, list):
+        raise ValueError(
+            f"load_lora_adapter: {file}: `target_modules` must be a list of module names, got "
+            f"{modules!r}."
+        )
+    targets = tuple(m.removesuffix("_proj") for m in modules)
+    return LoRAConfig(
+        rank=int(config["r"]),
+        alpha=float(config["lora_alpha"]),
+        targets=targets,
+        use_rslora=bool(config.get("use_rslora", False)),
+    )
+
+
+def load_lora_adapter(model: Decoder, path: str | pathlib.Path) -> Decoder:
+    """Add the adapters of a PEFT LoRA directory to the base `model` (in place; returned).
+
+    Raises:
+      ValueError: `model` is not a `Decoder` without adapters, the adapter is not supported
+        (`read_lora_config`), or a tensor is missing or has the wrong shape (named).
+
+    Examples:
+      >>> import tempfile
+      >>> from jaxrl_llm.models import ModelConfig
+      >>> cfg = ModelConfig(family="qwen3", vocab_size=11, hidden_size=8, intermediate_size=16,
+      ...                   num_layers=1, num_heads=2, num_kv_heads=1, head_dim=4)
+      >>> adapted = add_lora(Decoder(cfg, rngs=nnx.Rngs(0)), LoRAConfig(rank=2), rngs=nnx.Rngs(1))
+      >>> out = save_lora_adapter(adapted, tempfile.mkdtemp())
+      >>> loaded = load_lora_adapter(Decoder(cfg, rngs=nnx.Rngs(0)), out)
+      >>> bool(jnp.array_equal(loaded.layers.mlp.up_lora_a[...], adapted.layers.mlp.up_lora_a[...]))
+      True
+    """
+    from safetensors.numpy import load_file
+
+    if not isinstance(model, Decoder) or has_lora(model):
+        raise ValueError("load_lora_adapter: `model` must be a Decoder without LoRA adapters.")
+    config = read_lora_config(path)
+    tensors = load_file(str(pathlib.Path(path) / WEIGHTS_FILE))
+    add_lora(model, config, rngs=nnx.Rngs(0))  # shapes and metadata; the values follow
+    modules = _module_names(model.config, model.config.num_layers)
+    for name, (a, b) in _adapters(model).items():
+        for param, side, to_ours in ((a, "A", _a_from_peft), (b, "B", _b_from_peft)):
+            value = param[...]
+            layers = []
+            for module in modules[name]:
+                key = f"{_PREFIX}{module}.lora_{side}.weight"
+                if key not in tensors:
+                    raise ValueError(f"load_lora_adapter: {WEIGHTS_FILE} lacks {key}.")
+                layers.append(to_ours(tensors[key], value.shape[1:], key))
+            param.set_value(jnp.asarray(np.stack(layers), value.dtype))
+    return model
+
+
+def _a_from_peft(tensor: np.ndarray, shape: tuple[int, ...], key: str) -> np.ndarray:
+    rank, fan_in = shape[-1], int(np.prod(shape[:-1]))
+    if tensor.shape != (rank, fan_in):
+        raise ValueError(
+            f"load_lora_adapter: {key} has shape {tensor.shape}, expected {(rank, fan_in)}."
+        )
+    return tensor.T.reshape(shape)
+
+
+def _b_from_peft(tensor: np.ndarray, shape: tuple[int, ...], key: str) -> np.ndarray:
+    rank, fan_out = shape[0], int(np.prod(shape[1:]))
+    if tensor.shape != (fan_out, rank):
+        raise ValueError(
+            f"load_lora_adapter: {key} has shape {tensor.shape}, expected {(fan_out, rank)}."
+        )
+    return tensor.T.reshape(shape)

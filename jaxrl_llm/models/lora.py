@@ -41,9 +41,9 @@ from flax import nnx
 from jaxrl_llm.config import ConfigError
 from jaxrl_llm.models.layers import MLP, Attention
 
-# the projections that take adapters: their module and the rank of their own weight
+# the projections that take adapters: the rank of their own weight, and of its input axes
 TARGETS = {"q": 3, "k": 3, "v": 3, "o": 3, "gate": 2, "up": 2, "down": 2}
-_INPUT_AXES = {"q": 1, "k": 1, "v": 1, "o": 2, "gate": 1, "up": 1, "down": 1}
+INPUT_AXES = {"q": 1, "k": 1, "v": 1, "o": 2, "gate": 1, "up": 1, "down": 1}
 LORA_PATTERN = r"_lora_[ab]$"  # `split_models` / `model.trainable`: the adapters alone
 
 
@@ -120,7 +120,7 @@ def add_lora(model: nnx.Module, config: LoRAConfig, *, rngs: nnx.Rngs) -> nnx.Mo
             weight = getattr(host, name)
             value = weight[...]
             names = tuple(weight.get_metadata().get("out_sharding") or (None,) * value.ndim)
-            split = value.ndim - TARGETS[name] + _INPUT_AXES[name]  # leading axes + inputs
+            split = value.ndim - TARGETS[name] + INPUT_AXES[name]  # leading axes + inputs
             fan_in = math.prod(value.shape[value.ndim - TARGETS[name] : split])
             bound = 1.0 / math.sqrt(fan_in)
             a_shape = (*value.shape[:split], config.rank)

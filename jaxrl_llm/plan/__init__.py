@@ -26,7 +26,12 @@ Memory per device (bytes):
     sampler     = ‖W‖_t · b_c                          (gathered over fsdp, split over tensor)
     kv_cache    = 2 · L · N/(d·f) · S · K_t · Hd · b_c (K_t = K/t if t divides K, else K)
 
-with `‖·‖_t` the share when split over tensor only. Saved activations per token and layer
+with `‖·‖_t` the share when split over tensor only. With LoRA adapters of rank `r`
+(`lora_rank`: every projection, `models.add_lora`; `‖A‖` their elements, named like their
+weights): params = (‖W‖_dev + ‖A‖_dev)·b_p; optimizer, gradients and the reference hold the
+adapters only (2·‖A‖_dev·b_o, ‖A‖_dev·b_p, ‖A‖_dev·b_c); the sampler holds (‖W‖_t + ‖A‖_t)·b_c;
+the update's matmuls take 4·W_mm instead of 6·W_mm FLOPs per token (no weight gradient of the
+base), and only the adapters' gradients are reduced. Saved activations per token and layer
 (`H_t = H/t`, `F_t = F/t`): without remat
 `b_c·(4D + 3(H_t + K_t)·Hd + 4F_t) + (4 + b_c)·H_t·S` (norm inputs and outputs, projections,
 float32 attention logits and probabilities, MLP gates); `remat="dots"` keeps the matmul outputs

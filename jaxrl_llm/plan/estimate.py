@@ -12,7 +12,12 @@ from jax.sharding import AbstractMesh
 
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.plan.devices import DEVICES, DeviceSpec
-from jaxrl_llm.plan.shapes import _per_device_elements, parameter_shapes, resolve_model
+from jaxrl_llm.plan.shapes import (
+    _per_device_elements,
+    lora_shapes,
+    parameter_shapes,
+    resolve_model,
+)
 from sharding import MESH_AXES
 
 Remat = Literal["none", "dots", "full"]
@@ -44,6 +49,7 @@ class PlanConfig:
     optimizer_dtype: str = "float32"
     remat: Remat = "full"
     reference: bool = False  # frozen reference policy for a KL term
+    lora_rank: int | None = None  # train LoRA adapters of this rank on every projection
     logits_chunk: int | None = None  # tokens per device whose logits exist at once; None: all
     attention_chunk: int | None = None  # queries per attention block (model.attention_chunk)
     mfu: float = 0.4
@@ -78,7 +84,7 @@ class PlanConfig:
             raise ValueError(
                 f"PlanConfig.remat must be 'none', 'dots' or 'full', got {self.remat!r}."
             )
-        for name in ("micro_batch", "logits_chunk", "attention_chunk"):
+        for name in ("micro_batch", "logits_chunk", "attention_chunk", "lora_rank"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(
@@ -268,6 +274,10 @@ class _Sizes(NamedTuple):
     rows: int  # sequences per device during sampling, N / (d·f)
     micro: int  # sequences per micro-batch (global)
     micro_rows: int  # sequences per micro-batch per device
+    a_dev: int  # LoRA adapter elements per device (0 without LoRA)
+    a_t: int  # the same, split over tensor only
+    trained_dev: int  # trained elements per device: the adapters with LoRA, else every weight
+    trained_t: int  # the same, split over tensor only
 
 
 def _sizes(config: ModelConfig, plan: PlanConfig) -> _Sizes:
@@ -277,15 +287,23 @@ def _sizes(config: ModelConfig, plan: PlanConfig) -> _Sizes:
     layers = tuple(p for p in params if p.path.startswith("layers."))
     K = config.num_kv_heads
     micro = plan.micro_batch or plan.num_sequences // plan.minibatches
+    mesh = AbstractMesh((d, f, t), MESH_AXES)
+    adapters = lora_shapes(config, plan.lora_rank) if plan.lora_rank else ()
+    a_dev, a_t = _per_device_elements(adapters, mesh), _per_device_elements(adapters, tensor_only)
+    w_dev, w_t = _per_device_elements(params, mesh), _per_device_elements(params, tensor_only)
     return _Sizes(
         num_params=sum(math.prod(p.shape) for p in params),
-        w_dev=_per_device_elements(params, AbstractMesh((d, f, t), MESH_AXES)),
-        w_t=_per_device_elements(params, tensor_only),
+        w_dev=w_dev,
+        w_t=w_t,
         layer_t=_per_device_elements(layers, tensor_only),
         kv_heads=K // t if K % t == 0 else K,
         rows=plan.num_sequences // (d * f),
         micro=micro,
         micro_rows=micro // (d * f),
+        a_dev=a_dev,
+        a_t=a_t,
+        trained_dev=a_dev if adapters else w_dev,
+        trained_t=a_t if adapters else w_t,
     )
 
 
@@ -298,13 +316,13 @@ def _memory(config: ModelConfig, plan: PlanConfig, z: _Sizes) -> dict[str, float
     P, S = plan.prompt_len, plan.prompt_len + plan.completion_len
     acts = _activation_bytes(config, plan, z.micro_rows)
     memory = {
-        "params": z.w_dev * bp,
-        "optimizer": 2 * z.w_dev * bo,
-        "gradients": z.w_dev * bp,
-        "reference": z.w_dev * bc if plan.reference else 0.0,
+        "params": (z.w_dev + z.a_dev) * bp,
+        "optimizer": 2 * z.trained_dev * bo,
+        "gradients": z.trained_dev * bp,
+        "reference": z.trained_dev * bc if plan.reference else 0.0,
         "layer_buffers": 2 * z.layer_t / L * bc,
         "activations": acts["saved"] + acts["working"] + acts["logits"],
-        "sampler_weights": z.w_t * bc,
+        "sampler_weights": (z.w_t + z.a_t) * bc,
         "kv_cache": 2 * L * z.rows * S * z.kv_heads * Hd * bc,
     }
     # prefill: one layer of B/(d·f) prompts live at a time, with float32 [P, P] attention logits
@@ -350,13 +368,18 @@ def _time(
     logprob_s = passes * tokens * (2 * w_mm + attn * S) / (n * flops)
     remat_factor = 4 / 3 if plan.remat == "full" else 1.0
     attention_passes = 3 if plan.attention_chunk is None else 4  # blocks: one more forward
+    weight_passes = 4 if plan.lora_rank else 6  # LoRA: no weight gradient of the base
     train_s = (
-        plan.epochs * tokens * (6 * w_mm + attention_passes * attn * S) * remat_factor / (n * flops)
+        plan.epochs
+        * tokens
+        * (weight_passes * w_mm + attention_passes * attn * S)
+        * remat_factor
+        / (n * flops)
     )
 
     gathers = 3 if plan.remat == "full" else 2
-    fsdp_bytes = (gathers * z.w_t * bc + z.w_t * bp) * (f - 1) / f
-    data_bytes = 2 * z.w_dev * bp * (d - 1) / d
+    fsdp_bytes = (gathers * z.w_t * bc + z.trained_t * bp) * (f - 1) / f
+    data_bytes = 2 * z.trained_dev * bp * (d - 1) / d
     # tensor parallelism: two all-reduces of [tokens, D] per layer and pass
     tensor_bytes = gathers * 2 * L * 2 * (t - 1) / t * z.micro_rows * S * config.hidden_size * bc
     train_comm_s = (plan.epochs * N // z.micro) * (

@@ -42,7 +42,12 @@ def format_plan(p: Plan) -> str:
         f"rollout: {c.batch} prompts × {c.group_size} samples = {c.num_sequences} sequences of "
         f"{c.prompt_len} + {c.completion_len} tokens; micro-batch "
         f"{c.micro_batch or c.num_sequences // c.minibatches}, {c.epochs} epoch(s) × "
-        f"{c.minibatches} update(s)",
+        f"{c.minibatches} update(s)"
+        + (
+            f"; LoRA rank {c.lora_rank} on every projection (only the adapters train)"
+            if c.lora_rank
+            else ""
+        ),
         "memory per device (GiB):",
     ]
     for key, label in _MEMORY_ROWS:
@@ -141,6 +146,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     )
     p.add_argument("--remat", default=PlanConfig.remat, choices=["none", "dots", "full"])
     p.add_argument("--reference", action="store_true", help="hold a frozen KL reference policy")
+    p.add_argument("--lora-rank", type=int, default=None, help="train LoRA adapters of this rank")
     p.add_argument("--logits-chunk", type=int, default=None, help="tokens of logits at once")
     p.add_argument("--attention-chunk", type=int, default=None, help="queries per attention block")
     p.add_argument("--mfu", type=float, default=PlanConfig.mfu)
@@ -173,6 +179,7 @@ def run(args: argparse.Namespace) -> int:
             optimizer_dtype=args.optimizer_dtype,
             remat=args.remat,
             reference=args.reference,
+            lora_rank=args.lora_rank,
             logits_chunk=args.logits_chunk,
             attention_chunk=args.attention_chunk,
             mfu=args.mfu,

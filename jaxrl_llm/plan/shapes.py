@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 from jax.sharding import AbstractMesh, NamedSharding
 
 from jaxrl_llm.models.config import ModelConfig, RopeConfig
+from jaxrl_llm.models.lora import INPUT_AXES
 from sharding import LOGICAL_AXIS_RULES, logical_to_spec
 
 # ------------------------------------------------------------------------------ model presets
@@ -156,6 +157,37 @@ def parameter_shapes(config: ModelConfig) -> tuple[ParamShape, ...]:
     out.append(ParamShape("final_norm.scale", (D,), ("norm",)))
     if not config.tie_embeddings:
         out.append(ParamShape("lm_head", (D, V), ("embed", "vocab")))
+    return tuple(out)
+
+
+def lora_shapes(config: ModelConfig, rank: int) -> tuple[ParamShape, ...]:
+    """The LoRA adapters of `add_lora(Decoder(config), LoRAConfig(rank=rank))` (every
+    projection: q, k, v, o, gate, up, down): `A [L, *inputs, r]` and `B [L, r, *outputs]`,
+    named like their weight with the rank axis unsplit (docs/models.md).
+
+    Examples:
+      >>> cfg = ModelConfig(family="llama", vocab_size=11, hidden_size=8, intermediate_size=16,
+      ...                   num_layers=2, num_heads=2, num_kv_heads=1, head_dim=4)
+      >>> sum(math.prod(p.shape) for p in lora_shapes(cfg, 2))  # 2·2·(2·(8+8) + 2·(8+4) + 3·(8+16))
+      512
+    """
+    out = []
+    for weight in parameter_shapes(config):
+        host, _, name = weight.path.removeprefix("layers.").partition(".")
+        if host not in ("attn", "mlp") or name not in INPUT_AXES:
+            continue
+        split = 1 + INPUT_AXES[name]  # the layers axis, then the inputs
+        shape, names = weight.shape, weight.names
+        out.append(
+            ParamShape(f"{weight.path}_lora_a", (*shape[:split], rank), (*names[:split], None))
+        )
+        out.append(
+            ParamShape(
+                f"{weight.path}_lora_b",
+                (shape[0], rank, *shape[split:]),
+                (names[0], None, *names[split:]),
+            )
+        )
     return tuple(out)
 
 

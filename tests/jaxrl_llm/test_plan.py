@@ -366,3 +366,61 @@ def test_activation_estimate_is_close_to_xla_memory_analysis(remat, chunk):
     p = estimate(config, plan, "h100")
     ratio = (p.memory["activations"] + p.memory["layer_buffers"]) / xla.temp_size_in_bytes
     assert 0.5 < ratio < 2.0, (remat, ratio)
+
+
+def test_lora_shapes_are_the_adapters_of_add_lora():
+    from jaxrl_llm.models import LoRAConfig, add_lora
+    from jaxrl_llm.plan.shapes import lora_shapes
+
+    config = FAMILIES["qwen3"]
+
+    def adapted():
+        return add_lora(Decoder(config, rngs=nnx.Rngs(0)), LoRAConfig(rank=3), rngs=nnx.Rngs(1))
+
+    state = nnx.state(nnx.eval_shape(adapted), nnx.Param)
+    actual = {
+        ".".join(map(str, key)): (var.get_value().shape, tuple(var.get_metadata()["out_sharding"]))
+        for key, var in nnx.to_flat_state(state)
+        if "_lora_" in str(key[-1])
+    }
+    assert {p.path: (p.shape, p.names) for p in lora_shapes(config, 3)} == actual
+
+
+def test_lora_memory_and_time_follow_the_formulas():
+    """Rank-4 adapters on (2, 4, 2): the optimizer, gradients and reference hold only the
+    adapters (their shards counted by hand from the rule table: embed over fsdp, heads, KV
+    heads and MLP over tensor, the rank axis whole); the update skips the base's weight
+    gradients (4·W_mm instead of 6·W_mm)."""
+    config = ModelConfig(
+        family="llama", vocab_size=1000, hidden_size=64, intermediate_size=96, num_layers=5,
+        num_heads=8, num_kv_heads=4, head_dim=16,
+    )  # fmt: skip
+    d, f, t, r = 2, 4, 2, 4
+    L, D, F, H, K, Hd = 5, 64, 96, 8, 4, 16
+
+    def adapters(f, t):
+        q = D // f * r + r * H // t * Hd
+        kv = 2 * (D // f * r + r * K // t * Hd)
+        o = H // t * Hd * r + r * D // f
+        mlp = 2 * (D // f * r + r * F // t) + (F // t * r + r * D // f)
+        return L * (q + kv + o + mlp)
+
+    plan = PlanConfig(
+        mesh=(d, f, t), prompt_len=24, completion_len=40, batch=8, group_size=4,
+        micro_batch=16, reference=True, lora_rank=r,
+    )  # fmt: skip
+    full = estimate(config, dataclasses.replace(plan, lora_rank=None), "h100")
+    p = estimate(config, plan, "h100")
+    w_dev, w_t = reference_elements(config, (d, f, t)), reference_elements(config, (1, 1, t))
+    a_dev, a_t = adapters(f, t), adapters(1, t)
+    assert p.memory["params"] == (w_dev + a_dev) * 4
+    assert p.memory["optimizer"] == 2 * a_dev * 4
+    assert p.memory["gradients"] == a_dev * 4
+    assert p.memory["reference"] == a_dev * 2
+    assert p.memory["sampler_weights"] == (w_t + a_t) * 2
+    assert p.memory["training_peak"] < full.memory["training_peak"]
+    w_mm = sum(math.prod(s.shape) for s in parameter_shapes(config)) - 1000 * D
+    attn = 3 * 4 * L * H * Hd * 64  # three attention passes of 4·L·H·Hd FLOPs per position
+    np.testing.assert_allclose(
+        p.time["training_s"] / full.time["training_s"], (4 * w_mm + attn) / (6 * w_mm + attn)
+    )

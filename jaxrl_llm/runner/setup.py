@@ -313,7 +313,7 @@ def build_context(
         "data/too_long_answers": task.too_long_answers,
     }
     if config.warm_start is not None and with_warm_start:
-        params["policy"], ws_info = warm_start_policy(
+        params["policy"], frozen["policy"], ws_info = warm_start_policy(
             config, task, tokenizer, graphs, params["policy"], frozen["policy"], mesh, run_dir
         )
         info.update(ws_info)

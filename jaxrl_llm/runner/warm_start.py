@@ -70,8 +70,9 @@ def warm_start_policy(
     frozen: Any,
     mesh: Any,
     run_dir: pathlib.Path,
-) -> tuple[Any, dict[str, float]]:
-    """The warm-started trainable policy parameters (loaded from the cache or trained).
+) -> tuple[Any, Any, dict[str, float]]:
+    """The warm-started trainable policy parameters (loaded from the cache or trained), and
+    the frozen ones to use from now on.
 
     Args:
       config: the run config (with a `warm_start` section).
@@ -84,8 +85,11 @@ def warm_start_policy(
       run_dir: the run directory (the cache is `run_dir/warm_start`).
 
     Returns:
-      `(params, info)` with `info = {"warm_start/cached": 0 or 1, "warm_start/nll_first",
-      "warm_start/nll_last"}` (the NLLs when trained now).
+      `(params, frozen, info)` with `info = {"warm_start/cached": 0 or 1,
+      "warm_start/nll_first", "warm_start/nll_last"}` (the NLLs when trained now). The update
+      steps donate the whole train state, the frozen parameters included, so after training
+      `frozen` is the step's output (the same values in new buffers); the arrays passed in are
+      deleted.
 
     Examples:
       >>> from jaxrl_llm.runner.config import ModelSection
@@ -108,14 +112,14 @@ def warm_start_policy(
         if cache.latest_step() is not None:
             restored, meta = cache.restore(target_state=target)
             log.info("warm start: loaded the fine-tuned parameters from %s", directory)
-            return restored["policy"], {"warm_start/cached": 1.0, **meta}
+            return restored["policy"], frozen, {"warm_start/cached": 1.0, **meta}
         for stale in root.iterdir():  # parameters of other configurations
             if stale.is_dir() and stale != directory:
                 log.warning("warm start: removing %s (another configuration's cache)", stale)
                 shutil.rmtree(stale)
-        trained, info = _train(config, task, tokenizer, graphs, params, frozen, mesh)
+        trained, frozen, info = _train(config, task, tokenizer, graphs, params, frozen, mesh)
         cache.save(section.steps, {"policy": trained}, info)
-    return trained, {"warm_start/cached": 0.0, **info}
+    return trained, frozen, {"warm_start/cached": 0.0, **info}
 
 
 def _train(
@@ -126,7 +130,7 @@ def _train(
     params: Any,
     frozen: Any,
     mesh: Any,
-) -> tuple[Any, dict[str, float]]:
+) -> tuple[Any, Any, dict[str, float]]:
     section = config.warm_start
     optim = OptimConfig(name="adamw", learning_rate=section.learning_rate, max_grad_norm=1.0)
     policy_graphs = ModelGraphs(policy=graphs.policy)
@@ -151,4 +155,5 @@ def _train(
             value = float(metrics["sft/nll"])
             nll.append(value)
             log.info("warm start: step %d/%d, nll %.4f", i + 1, section.steps, value)
-    return state.params["policy"], {"warm_start/nll_first": nll[0], "warm_start/nll_last": nll[-1]}
+    info = {"warm_start/nll_first": nll[0], "warm_start/nll_last": nll[-1]}
+    return state.params["policy"], state.frozen["policy"], info

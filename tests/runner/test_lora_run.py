@@ -1,8 +1,9 @@
-"""`model.lora` in a run: GRPO (configs/grpo.yaml) trains only the adapters of a tiny random
-policy. The base weights stay bit for bit those of the initial model, the reference policy is
-the base model (KL 0 at step 1, positive once the adapters moved), and the export is the merged
-model (`W + s·A·B` of the final adapters), a plain checkpoint, with the adapters alone in PEFT's
-format, from which a new run starts (`model.lora_adapter`)."""
+"""`model.lora` in a run: GRPO (configs/grpo.yaml), after a supervised warm start of the
+adapters, trains only the adapters of a tiny random policy. The base weights stay bit for bit
+those of the initial model, the reference policy is the warm-started one (KL 0 at step 1,
+positive once the adapters moved), and the export is the merged model (`W + s·A·B` of the final
+adapters), a plain checkpoint, with the adapters alone in PEFT's format, from which a new run
+starts (`model.lora_adapter`)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ from tests.runner.helpers import CONFIGS, TINY, train_records
 GRPO = str(CONFIGS / "grpo.yaml")
 RUN = [*TINY, "model.lora={rank: 2, alpha: 4}", "train.steps=3", "checkpoint.every=3"]
 RUN += ["optim.learning_rate=0.5"]
+# a warm start (SFT of the adapters) first: its donated train state holds the frozen base, which
+# the run keeps using afterwards
+RUN += ["warm_start={steps: 2, learning_rate: 0.01, batch_size: 2}"]
 
 
 def _flat(tree):
@@ -27,7 +31,7 @@ def _flat(tree):
 def test_grpo_trains_the_adapters_of_a_frozen_base_and_exports_the_merged_model(tmp_path):
     assert main(["train", GRPO, *RUN, "--run-dir", str(tmp_path)]) == 0
     steps = train_records(tmp_path)
-    assert steps[0]["kl/mean"] == pytest.approx(0.0, abs=1e-9)  # the reference is the base
+    assert steps[0]["kl/mean"] == pytest.approx(0.0, abs=1e-9)  # the reference: the start
     assert steps[-1]["kl/mean"] > 1e-7
 
     config = load_run_config(GRPO, RUN, run_dir=str(tmp_path))
@@ -54,6 +58,7 @@ def test_grpo_trains_the_adapters_of_a_frozen_base_and_exports_the_merged_model(
 
     # the next run starts from the exported adapters (PEFT format) on the same base
     adapter = ["model.lora=null", f"model.lora_adapter={tmp_path / 'export' / 'adapter'}"]
+    adapter += ["warm_start=null"]
     again = prepare_run(load_run_config(GRPO, [*RUN, *adapter], run_dir=str(tmp_path / "next")))
     again.checkpointer.close()
     restarted = _flat(again.state.params["policy"])

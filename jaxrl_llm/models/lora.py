@@ -136,7 +136,7 @@ def add_lora(model: nnx.Module, config: LoRAConfig, *, rngs: nnx.Rngs) -> nnx.Mo
             setattr(host, f"{name}_lora_a", _param(a.astype(value.dtype), a_names))
             setattr(host, f"{name}_lora_b", _param(jnp.zeros(b_shape, value.dtype), b_names))
             added += 1
-        host.lora_config = config  # static: its scale enters the forward
+            host.lora_config = config  # static: its scale enters the forward
     if not added:
         raise ValueError(f"add_lora: no projection of the model matches {list(config.targets)}.")
     return model

@@ -153,7 +153,7 @@ def read_lora_config(path: str | pathlib.Path) -> LoRAConfig:
         )
     for key, default in _UNSUPPORTED.items():
         value = config.get(key, default)
-        if value not in (default, None) and not (isinstance(default, dict) and not value):
+        if value != default and value not in (None, [], {}):
             raise ValueError(f"load_lora_adapter: {file}: `{key}` = {value!r} is not supported.")
     modules = config.get("target_modules")
     if not isinstance(modules, list):

@@ -197,3 +197,26 @@ def test_peft_runs_the_saved_adapter_and_it_loads_back(tmp_path, config):
     for (path, a), (_, b) in zip(nnx.to_flat_state(ours), nnx.to_flat_state(again), strict=True):
         np.testing.assert_array_equal(a[...], b[...], err_msg=str(path))
     assert loaded.layers.attn.lora_config == config
+
+
+def test_unsupported_peft_adapters_are_refused_by_name(tmp_path):
+    import json
+
+    from jaxrl_llm.models.lora_io import CONFIG_FILE, load_lora_adapter, save_lora_adapter
+
+    base, model = _adapted(LoRAConfig(rank=2, targets=("q",)), random_b=False)
+    out = save_lora_adapter(model, tmp_path / "adapter")
+    written = json.loads((out / CONFIG_FILE).read_text())
+    assert (written["r"], written["lora_alpha"], written["target_modules"]) == (2, 16.0, ["q_proj"])
+    for key, value, message in [
+        ("use_dora", True, "`use_dora` = True is not supported"),
+        ("layers_to_transform", [0], "`layers_to_transform` = \\[0\\] is not supported"),
+        ("target_modules", "q_proj|v_proj", "must be a list of module names"),
+        ("target_modules", ["lm_head"], "unknown `targets`"),
+    ]:
+        (out / CONFIG_FILE).write_text(json.dumps({**written, key: value}))
+        with pytest.raises(ValueError, match=message):
+            load_lora_adapter(nnx.clone(base), out)
+    (out / CONFIG_FILE).write_text(json.dumps(written))
+    with pytest.raises(ValueError, match="without LoRA adapters"):
+        load_lora_adapter(model, out)

@@ -12,7 +12,7 @@ import pytest
 from flax import nnx
 
 from jaxrl_llm.cli import main
-from jaxrl_llm.models import Decoder, from_pretrained, merge_lora
+from jaxrl_llm.models import from_pretrained, merge_lora
 from jaxrl_llm.runner import load_run_config, prepare_run
 from tests.runner.helpers import CONFIGS, TINY, train_records
 
@@ -41,7 +41,17 @@ def test_grpo_trains_the_adapters_of_a_frozen_base_and_exports_the_merged_model(
     trained = _flat(state.params["policy"])
     assert trained and all(n.endswith(("_lora_a", "_lora_b")) for n in trained), sorted(trained)
     assert any(np.abs(v).max() > 0 for n, v in trained.items() if n.endswith("_lora_b"))
-    initial = _flat(nnx.state(Decoder(config.model.init, rngs=nnx.Rngs(config.seed))))
+
+    # the next run starts from the exported adapters (PEFT format) on the same initial base
+    adapter = ["model.lora=null", f"model.lora_adapter={tmp_path / 'export' / 'adapter'}"]
+    adapter += ["warm_start=null"]
+    again = prepare_run(load_run_config(GRPO, [*RUN, *adapter], run_dir=str(tmp_path / "next")))
+    again.checkpointer.close()
+    restarted = _flat(again.state.params["policy"])
+    assert sorted(restarted) == sorted(trained)
+    for name, value in trained.items():
+        np.testing.assert_array_equal(restarted[name], value, err_msg=name)
+    initial = _flat(again.state.frozen["policy"])  # the runner's initial base model
     frozen = _flat(state.frozen["policy"])
     assert sorted(frozen) == sorted(initial)
     for name, value in frozen.items():  # the base did not move
@@ -55,13 +65,3 @@ def test_grpo_trains_the_adapters_of_a_frozen_base_and_exports_the_merged_model(
     for name, value in merged.items():
         np.testing.assert_allclose(exported[name], value, rtol=1e-6, atol=1e-7, err_msg=name)
     assert not np.array_equal(exported["layers.attn.q"], initial["layers.attn.q"])
-
-    # the next run starts from the exported adapters (PEFT format) on the same base
-    adapter = ["model.lora=null", f"model.lora_adapter={tmp_path / 'export' / 'adapter'}"]
-    adapter += ["warm_start=null"]
-    again = prepare_run(load_run_config(GRPO, [*RUN, *adapter], run_dir=str(tmp_path / "next")))
-    again.checkpointer.close()
-    restarted = _flat(again.state.params["policy"])
-    assert sorted(restarted) == sorted(trained)
-    for name, value in trained.items():
-        np.testing.assert_array_equal(restarted[name], value, err_msg=name)

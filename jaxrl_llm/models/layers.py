@@ -32,6 +32,8 @@ from jaxrl_llm.models._sharded_ops import (
     Names,
     compute_weight,
     dense,
+    einsum,
+    own_names,
     plain_layout,
     reshape,
     unsharded,
@@ -268,7 +270,8 @@ def project(module: nnx.Module, name: str, x: Array, contract: int, names: Names
     """`x · W` for the projection `W = module.<name>` (its first `contract` axes contracted with
     the last ones of `x`), plus its LoRA update `s · (x·A)·B` when `module` has adapters
     `<name>_lora_a` / `<name>_lora_b` (`models.lora`; `s = module.lora_config.scale`), all in the
-    module's compute dtype.
+    module's compute dtype. With a DoRA magnitude `<name>_lora_m` the sum is scaled per output
+    feature by `dora_ratio` (`m / ‖W + s·A·B‖`).
 
     Examples:
       >>> class Proj(nnx.Module):
@@ -290,8 +293,69 @@ def project(module: nnx.Module, name: str, x: Array, contract: int, names: Names
         contract=contract,
         names=(*names[: x.ndim - contract], None),
     )
-    b = compute_weight(getattr(module, f"{name}_lora_b"), module.dtype)
-    return out + module.lora_config.scale * dense(low, b, contract=1, names=names)
+    b = getattr(module, f"{name}_lora_b")
+    scale = module.lora_config.scale
+    out = out + scale * dense(low, compute_weight(b, module.dtype), contract=1, names=names)
+    magnitude = getattr(module, f"{name}_lora_m", None)
+    if magnitude is None:
+        return out
+    ratio = dora_ratio(getattr(module, name), a, b, magnitude, scale, inputs=contract)
+    return out * ratio.astype(out.dtype)
+
+
+def dora_ratio(
+    weight: nnx.Param,
+    a: nnx.Param,
+    b: nnx.Param,
+    magnitude: nnx.Param,
+    scale: float,
+    *,
+    inputs: int,
+) -> Array:
+    """DoRA's per-output-feature factor `m / sg(‖W + s·A·B‖)` (Liu et al., "DoRA:
+    Weight-Decomposed Low-Rank Adaptation", arXiv 2402.09353, eq. 5), float32, shaped like `m`.
+
+    The norm is over `W`'s `inputs` input axes (PEFT's row norm of its `[out, in]` weight) and,
+    as in the paper's §4.3 and PEFT, a constant for the gradient (`stop_gradient`): only `m`,
+    `A` and `B` receive gradients, through `m` and the `(x·A)·B` term. Leading (layer) axes of
+    stacked parameters are batch axes. A zero column of `W + s·A·B` gives the factor 0 (its
+    output is 0 whatever the factor) instead of `m / 0`.
+
+    Args:
+      weight: `W [*lead, *I, *O]`; `a`: `A [*lead, *I, r]`; `b`: `B [*lead, r, *O]`.
+      magnitude: `m [*lead, *O]`.
+      scale: the LoRA scale `s`.
+      inputs: the number of input axes `I`.
+
+    Examples:
+      >>> w = make_param(jax.random.key(0), (3, 2), ("embed", "mlp"), jnp.float32, "ones")
+      >>> a = make_param(jax.random.key(1), (3, 1), ("embed", None), jnp.float32, "zeros")
+      >>> b = make_param(jax.random.key(2), (1, 2), (None, "mlp"), jnp.float32, "zeros")
+      >>> m = make_param(jax.random.key(3), (2,), ("mlp",), jnp.float32, "ones")
+      >>> dora_ratio(w, a, b, m, 2.0, inputs=1).round(4).tolist()  # 1 / ‖(1, 1, 1)‖
+      [0.5774, 0.5774]
+    """
+    w = compute_weight(weight, jnp.float32)
+    lead = a[...].ndim - inputs - 1
+    letters = "abcdefghijklmnopqrstuvwxy"
+    batch, ins, outs = (
+        letters[:lead],
+        letters[lead : lead + inputs],
+        letters[lead + inputs : w.ndim],
+    )
+    names = own_names(weight, w.ndim) or (None,) * w.ndim
+    delta = einsum(
+        f"{batch}{ins}z,{batch}z{outs}->{batch}{ins}{outs}",
+        compute_weight(a, jnp.float32),
+        compute_weight(b, jnp.float32),
+        names=names,
+    )
+    adapted = w + scale * delta
+    norm = jax.lax.stop_gradient(
+        jnp.sqrt(jnp.sum(jnp.square(adapted), axis=tuple(range(lead, lead + inputs))))
+    )
+    m = compute_weight(magnitude, jnp.float32)
+    return jnp.where(norm > 0, m / jnp.where(norm > 0, norm, 1.0), 0.0)
 
 
 class Attention(nnx.Module):

@@ -9,14 +9,21 @@ layers like `W`:
     B  [r, *O]    zeros
     y  = x·W + s · (x·A)·B,    s = α / r   (rsLoRA, arXiv 2312.03732: s = α / √r)
 
-so an adapted model starts as exactly its base model. Train only the adapters with the
-`trainable` patterns `LORA_PATTERN` (`split_models`): the optimizer state and the reference
-policy's copy (`reference_params`: the adapters at B = 0, i.e. the base model) are then the
-size of the adapters. The adapters live next to their weight in the `Attention` / `MLP` module
-(`q_lora_a`, `q_lora_b`, ...; `layers.project` applies them), so the sampler, the training
-forwards, sharding and checkpoints see ordinary parameters (the rank axis is never split).
-`merge_lora` folds them into `W` (`W + s · A·B`): `save_pretrained` writes the merged model, a
-plain Hugging Face checkpoint.
+so an adapted model starts as exactly its base model. DoRA (`use_dora`; Liu et al.,
+arXiv 2402.09353) adds a magnitude per output feature, `m [*O]` = the norm of `W` over its
+input axes at the start, and rescales each output feature:
+
+    y  = m / sg(‖W + s·A·B‖) ⊙ (x·W + s · (x·A)·B)      (`layers.dora_ratio`; PEFT's formula)
+
+Train only the adapters with the `trainable` patterns `LORA_PATTERN` (`split_models`): the
+optimizer state and the reference policy's copy (`reference_params`: the adapters at B = 0,
+i.e. the base model) are then the size of the adapters. The adapters live next to their
+weight in the `Attention` / `MLP` module (`q_lora_a`, `q_lora_b`, ...; `layers.project`
+applies them), so the sampler, the training forwards, sharding and checkpoints see ordinary
+parameters (the rank axis is never split).
+`merge_lora` folds them into `W` (`W + s · A·B`, times DoRA's factor): `save_pretrained` writes
+the merged model, a plain Hugging Face checkpoint. The sampler folds DoRA's factor into `W` and
+`B` once per rollout (`fold_dora_magnitudes`) instead of recomputing the norms at every token.
 
 Examples:
   >>> from jaxrl_llm.models import Decoder, ModelConfig
@@ -39,12 +46,12 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxrl_llm.config import ConfigError
-from jaxrl_llm.models.layers import MLP, Attention
+from jaxrl_llm.models.layers import MLP, Attention, dora_ratio
 
 # the projections that take adapters: the rank of their own weight, and of its input axes
 TARGETS = {"q": 3, "k": 3, "v": 3, "o": 3, "gate": 2, "up": 2, "down": 2}
 INPUT_AXES = {"q": 1, "k": 1, "v": 1, "o": 2, "gate": 1, "up": 1, "down": 1}
-LORA_PATTERN = r"_lora_[ab]$"  # `split_models` / `model.trainable`: the adapters alone
+LORA_PATTERN = r"_lora_[abm]$"  # `split_models` / `model.trainable`: the adapters alone
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -57,6 +64,8 @@ class LoRAConfig:
       targets: the adapted projections, a subset of q, k, v, o, gate, up, down (default all:
         PEFT's "all-linear" without the output head).
       use_rslora: rank-stabilised scaling `α / √r` (Kalajdzievski, arXiv 2312.03732).
+      use_dora: DoRA's trained magnitude per output feature (module docstring; PEFT's
+        `use_dora`).
 
     Examples:
       >>> LoRAConfig(rank=8, alpha=16).scale
@@ -71,6 +80,7 @@ class LoRAConfig:
     alpha: float = 16.0
     targets: tuple[str, ...] = tuple(TARGETS)
     use_rslora: bool = False
+    use_dora: bool = False
 
     def __post_init__(self) -> None:
         where = "LoRAConfig"
@@ -135,6 +145,11 @@ def add_lora(model: nnx.Module, config: LoRAConfig, *, rngs: nnx.Rngs) -> nnx.Mo
             b_names = (*lead, None, *names[split:])
             setattr(host, f"{name}_lora_a", _param(a.astype(value.dtype), a_names))
             setattr(host, f"{name}_lora_b", _param(jnp.zeros(b_shape, value.dtype), b_names))
+            if config.use_dora:  # m = ‖W‖ over the input axes: the factor starts at 1
+                axes = tuple(range(value.ndim - TARGETS[name], split))
+                norm = jnp.sqrt(jnp.sum(jnp.square(value.astype(jnp.float32)), axis=axes))
+                m_names = (*lead, *names[split:])
+                setattr(host, f"{name}_lora_m", _param(norm.astype(value.dtype), m_names))
             added += 1
             host.lora_config = config  # static: its scale enters the forward
     if not added:
@@ -173,9 +188,9 @@ def lora_delta(
 
 
 def merge_lora(model: nnx.Module) -> nnx.Module:
-    """A copy of `model` with every adapter folded into its weight (`W + s · A·B`, computed in
-    float32, stored in `W`'s dtype) and the adapters removed: a plain model of the base
-    architecture (`save_pretrained` writes this).
+    """A copy of `model` with every adapter folded into its weight (`W + s · A·B`, with DoRA
+    `m / ‖W + s·A·B‖ ⊙ (W + s·A·B)`, computed in float32, stored in `W`'s dtype) and the
+    adapters removed: a plain model of the base architecture (`save_pretrained` writes this).
 
     Examples:
       >>> from jaxrl_llm.models import Decoder, ModelConfig
@@ -187,22 +202,67 @@ def merge_lora(model: nnx.Module) -> nnx.Module:
       True
     """
     model = nnx.clone(model)
-    for host in _hosts(model):
-        for name in TARGETS:
-            a = getattr(host, f"{name}_lora_a", None)
-            if a is None:
-                continue
-            weight = getattr(host, name)
-            b = getattr(host, f"{name}_lora_b")
-            value = weight[...]
-            stacked = value.ndim - TARGETS[name]
-            delta = lora_delta(a[...], b[...], host.lora_config.scale, value.shape, stacked)
-            weight.set_value((value.astype(jnp.float32) + delta).astype(value.dtype))
-            delattr(host, f"{name}_lora_a")
-            delattr(host, f"{name}_lora_b")
-        if hasattr(host, "lora_config"):
-            delattr(host, "lora_config")
+    for host, name, stacked in _adapted(model):
+        weight, a, b = (getattr(host, f"{name}{suffix}") for suffix in ("", "_lora_a", "_lora_b"))
+        value = weight[...]
+        delta = lora_delta(a[...], b[...], host.lora_config.scale, value.shape, stacked)
+        merged = value.astype(jnp.float32) + delta
+        magnitude = getattr(host, f"{name}_lora_m", None)
+        if magnitude is not None:
+            ratio = dora_ratio(
+                weight, a, b, magnitude, host.lora_config.scale, inputs=INPUT_AXES[name]
+            )
+            merged = merged * _expand_over_inputs(ratio, stacked, INPUT_AXES[name])
+        weight.set_value(merged.astype(value.dtype))
+        _drop_adapters(host, name)
     return model
+
+
+def fold_dora_magnitudes(model: nnx.Module) -> nnx.Module:
+    """Fold every DoRA factor `ρ = m / ‖W + s·A·B‖` into its weight and `B` (`W ← ρ ⊙ W`,
+    `B ← ρ ⊙ B`, float32 products stored in their dtypes) and drop `m`, in place: a plain LoRA
+    model with the same outputs (`ρ ⊙ (x·W + s·(x·A)·B)` = `x·(ρ⊙W) + s·(x·A)·(ρ⊙B)`). Models
+    without DoRA are returned unchanged. The sampler calls it once per rollout, inside its
+    program, so that decoding does not recompute the weight norms at every token; the result
+    is not for training (`ρ` would no longer be a constant of the gradient).
+    """
+    for host, name, stacked in _adapted(model):
+        magnitude = getattr(host, f"{name}_lora_m", None)
+        if magnitude is None:
+            continue
+        weight, a, b = (getattr(host, f"{name}{suffix}") for suffix in ("", "_lora_a", "_lora_b"))
+        ratio = dora_ratio(weight, a, b, magnitude, host.lora_config.scale, inputs=INPUT_AXES[name])
+        for param, axes in ((weight, INPUT_AXES[name]), (b, 1)):
+            value = param[...]
+            scaled = value.astype(jnp.float32) * _expand_over_inputs(ratio, stacked, axes)
+            param.set_value(scaled.astype(value.dtype))
+        delattr(host, f"{name}_lora_m")
+    return model
+
+
+def _adapted(model: nnx.Module) -> list[tuple[nnx.Module, str, int]]:
+    """`(host, projection, number of stacked leading axes)` of every adapted projection."""
+    return [
+        (host, name, getattr(host, name)[...].ndim - TARGETS[name])
+        for host in _hosts(model)
+        for name in TARGETS
+        if getattr(host, f"{name}_lora_a", None) is not None
+    ]
+
+
+def _expand_over_inputs(ratio: jax.Array, stacked: int, inputs: int) -> jax.Array:
+    """`ratio [*lead, *O]` with `inputs` unit axes after the leading ones (`[*lead, 1.., *O]`)."""
+    return jnp.expand_dims(ratio, tuple(range(stacked, stacked + inputs)))
+
+
+def _drop_adapters(host: nnx.Module, name: str) -> None:
+    for side in ("a", "b", "m"):
+        if getattr(host, f"{name}_lora_{side}", None) is not None:
+            delattr(host, f"{name}_lora_{side}")
+    if hasattr(host, "lora_config") and not any(
+        getattr(host, f"{t}_lora_a", None) is not None for t in TARGETS
+    ):
+        delattr(host, "lora_config")
 
 
 def lora_parameter_count(model: nnx.Module) -> int:
@@ -210,7 +270,7 @@ def lora_parameter_count(model: nnx.Module) -> int:
     total = 0
     for host in _hosts(model):
         for name in TARGETS:
-            for side in ("a", "b"):
+            for side in ("a", "b", "m"):
                 param = getattr(host, f"{name}_lora_{side}", None)
                 if param is not None:
                     total += int(param[...].size)

@@ -7,10 +7,13 @@ read. For a projection whose Hugging Face weight is `W_hf [out, in]` (`hf_names`
     base_model.model.model.layers.{i}.self_attn.q_proj.lora_A.weight   [r, in]   = A.reshape(in, r).T
     base_model.model.model.layers.{i}.self_attn.q_proj.lora_B.weight   [out, r]  = B.reshape(r, out).T
 
-so that its update `s · lora_B @ lora_A` is ours, `s · A·B`, transposed. `save_lora_adapter`
+    base_model.model.model.layers.{i}.self_attn.q_proj.lora_magnitude_vector  [out]  = m.reshape(out)
+
+so that its update `s · lora_B @ lora_A` is ours, `s · A·B`, transposed (the magnitude only
+with DoRA, `use_dora`). `save_lora_adapter`
 writes the adapters of a `Decoder`; `load_lora_adapter` adds a file's adapters to a base
-`Decoder` (`add_lora` with the file's rank, α, targets and rsLoRA switch, then its values).
-Settings this module does not implement (DoRA, biases, per-layer ranks or layer subsets, a
+`Decoder` (`add_lora` with the file's rank, α, targets, rsLoRA and DoRA switches, then its
+values). Settings this module does not implement (biases, per-layer ranks or layer subsets, a
 regex `target_modules`, `fan_in_fan_out`) are refused by name.
 """
 
@@ -38,7 +41,6 @@ _HOSTS = {
 }
 # adapter_config.json settings whose non-default values change the computation
 _UNSUPPORTED = {
-    "use_dora": False,
     "bias": "none",
     "fan_in_fan_out": False,
     "layers_to_transform": None,
@@ -60,13 +62,22 @@ def _module_names(config: Any, num_layers: int) -> dict[str, list[str]]:
     }
 
 
-def _adapters(model: Decoder) -> dict[str, tuple[nnx.Param, nnx.Param]]:
+# our adapter parameter → PEFT's tensor name suffix
+_SIDES = {"a": "lora_A.weight", "b": "lora_B.weight", "m": "lora_magnitude_vector"}
+
+
+def _adapters(model: Decoder) -> dict[str, dict[str, nnx.Param]]:
+    """Per adapted target, its adapter parameters by side (`a`, `b`, and `m` with DoRA)."""
     out = {}
     for name, host in _HOSTS.items():
         module = getattr(model.layers, host)
-        a = getattr(module, f"{name}_lora_a", None)
-        if a is not None:
-            out[name] = (a, getattr(module, f"{name}_lora_b"))
+        sides = {
+            side: getattr(module, f"{name}_lora_{side}")
+            for side in _SIDES
+            if getattr(module, f"{name}_lora_{side}", None) is not None
+        }
+        if sides:
+            out[name] = sides
     return out
 
 
@@ -101,17 +112,13 @@ def save_lora_adapter(
     adapters = _adapters(model)
     modules = _module_names(model.config, model.config.num_layers)
     tensors: dict[str, np.ndarray] = {}
-    for name, (a, b) in adapters.items():
-        a_value, b_value = np.asarray(jax.device_get(a[...])), np.asarray(jax.device_get(b[...]))
-        rank = a_value.shape[-1]
-        for layer, module in enumerate(modules[name]):
-            key = f"{_PREFIX}{module}"
-            tensors[f"{key}.lora_A.weight"] = np.ascontiguousarray(
-                a_value[layer].reshape(-1, rank).T
-            )
-            tensors[f"{key}.lora_B.weight"] = np.ascontiguousarray(
-                b_value[layer].reshape(rank, -1).T
-            )
+    for name, sides in adapters.items():
+        for side, param in sides.items():
+            value = np.asarray(jax.device_get(param[...]))
+            for layer, module in enumerate(modules[name]):
+                tensors[f"{_PREFIX}{module}.{_SIDES[side]}"] = np.ascontiguousarray(
+                    _TO_PEFT[side](value[layer])
+                )
     lora = next(
         getattr(model.layers, host).lora_config
         for host in ("attn", "mlp")
@@ -123,6 +130,7 @@ def save_lora_adapter(
         "r": lora.rank,
         "lora_alpha": lora.alpha,
         "use_rslora": lora.use_rslora,
+        "use_dora": lora.use_dora,
         "target_modules": [f"{name}_proj" for name in adapters],
         "lora_dropout": 0.0,
         "base_model_name_or_path": base_model,
@@ -167,6 +175,7 @@ def read_lora_config(path: str | pathlib.Path) -> LoRAConfig:
         alpha=float(config["lora_alpha"]),
         targets=targets,
         use_rslora=bool(config.get("use_rslora", False)),
+        use_dora=bool(config.get("use_dora", False)),
     )
 
 
@@ -196,32 +205,33 @@ def load_lora_adapter(model: Decoder, path: str | pathlib.Path) -> Decoder:
     tensors = load_file(str(pathlib.Path(path) / WEIGHTS_FILE))
     add_lora(model, config, rngs=nnx.Rngs(0))  # shapes and metadata; the values follow
     modules = _module_names(model.config, model.config.num_layers)
-    for name, (a, b) in _adapters(model).items():
-        for param, side, to_ours in ((a, "A", _a_from_peft), (b, "B", _b_from_peft)):
+    for name, sides in _adapters(model).items():
+        for side, param in sides.items():
             value = param[...]
             layers = []
             for module in modules[name]:
-                key = f"{_PREFIX}{module}.lora_{side}.weight"
+                key = f"{_PREFIX}{module}.{_SIDES[side]}"
                 if key not in tensors:
                     raise ValueError(f"load_lora_adapter: {WEIGHTS_FILE} lacks {key}.")
-                layers.append(to_ours(tensors[key], value.shape[1:], key))
+                expected = _TO_PEFT[side](np.zeros(value.shape[1:])).shape
+                if tensors[key].shape != expected:
+                    raise ValueError(
+                        f"load_lora_adapter: {key} has shape {tensors[key].shape}, expected "
+                        f"{expected}."
+                    )
+                layers.append(_FROM_PEFT[side](tensors[key], value.shape[1:]))
             param.set_value(jnp.asarray(np.stack(layers), value.dtype))
     return model
 
 
-def _a_from_peft(tensor: np.ndarray, shape: tuple[int, ...], key: str) -> np.ndarray:
-    rank, fan_in = shape[-1], int(np.prod(shape[:-1]))
-    if tensor.shape != (rank, fan_in):
-        raise ValueError(
-            f"load_lora_adapter: {key} has shape {tensor.shape}, expected {(rank, fan_in)}."
-        )
-    return tensor.T.reshape(shape)
-
-
-def _b_from_peft(tensor: np.ndarray, shape: tuple[int, ...], key: str) -> np.ndarray:
-    rank, fan_out = shape[0], int(np.prod(shape[1:]))
-    if tensor.shape != (fan_out, rank):
-        raise ValueError(
-            f"load_lora_adapter: {key} has shape {tensor.shape}, expected {(fan_out, rank)}."
-        )
-    return tensor.T.reshape(shape)
+# one layer's adapter in our layout (`A [*I, r]`, `B [r, *O]`, `m [*O]`) ↔ PEFT's tensor
+_TO_PEFT = {
+    "a": lambda a: a.reshape(-1, a.shape[-1]).T,  # [r, in]
+    "b": lambda b: b.reshape(b.shape[0], -1).T,  # [out, r]
+    "m": lambda m: m.reshape(-1),  # [out]
+}
+_FROM_PEFT = {
+    "a": lambda t, shape: t.T.reshape(shape),
+    "b": lambda t, shape: t.T.reshape(shape),
+    "m": lambda t, shape: t.reshape(shape),
+}

@@ -77,8 +77,8 @@ class ModelSection:
         `lora` the adapters, a reward model's scalar head and the critic).
       frozen: regexes of parameter paths to freeze.
       lora: LoRA adapters on the policy's projections (`models.LoRAConfig`: rank, alpha,
-        targets, use_rslora), drawn with `seed + 2`; None: none. The export folds them into
-        the weights (a plain checkpoint) and writes them alone in PEFT's format
+        targets, use_rslora, use_dora), drawn with `seed + 2`; None: none. The export folds
+        them into the weights (a plain checkpoint) and writes them alone in PEFT's format
         (`export/adapter`).
       lora_adapter: start from the LoRA adapters of a PEFT adapter directory instead
         (`adapter_config.json` + `adapter_model.safetensors`, e.g. an earlier run's

@@ -209,7 +209,7 @@ def test_unsupported_peft_adapters_are_refused_by_name(tmp_path):
     written = json.loads((out / CONFIG_FILE).read_text())
     assert (written["r"], written["lora_alpha"], written["target_modules"]) == (2, 16.0, ["q_proj"])
     for key, value, message in [
-        ("use_dora", True, "`use_dora` = True is not supported"),
+        ("bias", "all", "`bias` = 'all' is not supported"),
         ("layers_to_transform", [0], "`layers_to_transform` = \\[0\\] is not supported"),
         ("target_modules", "q_proj|v_proj", "must be a list of module names"),
         ("target_modules", ["lm_head"], "unknown `targets`"),

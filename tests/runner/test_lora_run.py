@@ -1,9 +1,10 @@
 """`model.lora` in a run: GRPO (configs/grpo.yaml), after a supervised warm start of the
-adapters, trains only the adapters of a tiny random policy. The base weights stay bit for bit
-those of the initial model, the reference policy is the warm-started one (KL 0 at step 1,
-positive once the adapters moved), and the export is the merged model (`W + s·A·B` of the final
-adapters), a plain checkpoint, with the adapters alone in PEFT's format, from which a new run
-starts (`model.lora_adapter`)."""
+adapters, trains only the adapters of a tiny random policy (with DoRA: plain LoRA's `A`, `B`
+plus the magnitudes `m`, so the run covers both; tests/models checks the formulas). The base
+weights stay bit for bit those of the initial model, the reference policy is the warm-started
+one (KL 0 at step 1, positive once the adapters moved), and the export is the merged model
+(`m / ‖W + s·A·B‖ ⊙ (W + s·A·B)` of the final adapters), a plain checkpoint, with the adapters
+alone in PEFT's format, from which a new run starts (`model.lora_adapter`)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,12 @@ from jaxrl_llm.runner import load_run_config, prepare_run
 from tests.runner.helpers import CONFIGS, TINY, train_records
 
 GRPO = str(CONFIGS / "grpo.yaml")
-RUN = [*TINY, "model.lora={rank: 2, alpha: 4}", "train.steps=3", "checkpoint.every=3"]
+RUN = [
+    *TINY,
+    "model.lora={rank: 2, alpha: 4, use_dora: true}",
+    "train.steps=3",
+    "checkpoint.every=3",
+]
 RUN += ["optim.learning_rate=0.5"]
 # a warm start (SFT of the adapters) first: its donated train state holds the frozen base, which
 # the run keeps using afterwards
@@ -39,7 +45,8 @@ def test_grpo_trains_the_adapters_of_a_frozen_base_and_exports_the_merged_model(
     prepared.checkpointer.close()
     state = prepared.state
     trained = _flat(state.params["policy"])
-    assert trained and all(n.endswith(("_lora_a", "_lora_b")) for n in trained), sorted(trained)
+    assert trained and all(n.endswith(("_lora_a", "_lora_b", "_lora_m")) for n in trained)
+    assert any(n.endswith("_lora_m") for n in trained), sorted(trained)
     assert any(np.abs(v).max() > 0 for n, v in trained.items() if n.endswith("_lora_b"))
 
     # the next run starts from the exported adapters (PEFT format) on the same initial base

@@ -76,13 +76,13 @@ def completion_content(
     where = "completion_content"
     tokens, valid = _check_tokens(completion_tokens, completion_mask, where)
     stops = _stop_array(stop_ids, where)
-    N, T = tokens.shape
-    ordinal = jnp.cumsum(valid, axis=1) - 1  # position of each valid token in the compacted row
-    target = jnp.where(valid, ordinal, T)  # invalid tokens scatter out of bounds and are dropped
-    rows = jnp.broadcast_to(jnp.arange(N)[:, None], (N, T))
-    packed = jnp.full((N, T), -1, jnp.int32).at[rows, target].set(tokens, mode="drop")
+    T = tokens.shape[1]
+    # a stable sort of each row's validity moves its valid tokens to the left, in order: a
+    # row-wise gather (no scatter into a fresh buffer), so rows split over a mesh stay local
+    order = jnp.argsort(~valid, axis=1, stable=True)
     count = jnp.sum(valid, axis=1, dtype=jnp.int32)
     cols = jnp.arange(T)[None, :]
+    packed = jnp.where(cols < count[:, None], jnp.take_along_axis(tokens, order, axis=1), -1)
     is_stop = jnp.isin(packed, stops) & (cols < count[:, None])
     first_stop = jnp.where(jnp.any(is_stop, axis=1), jnp.argmax(is_stop, axis=1), count)
     lengths = first_stop.astype(jnp.int32)

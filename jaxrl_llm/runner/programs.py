@@ -24,12 +24,12 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh
 
 from jaxrl_llm.rewards import exact_answer_reward
 from jaxrl_llm.sampler import SamplingConfig, sample_tokens
+from jaxrl_llm.sampler.core import repeat_rows
 from jaxrl_llm.train import (
     AlgorithmConfig,
     ModelGraphs,
@@ -94,8 +94,8 @@ def rollout_program(
         correct = exact_answer_reward(
             rollout.completion_tokens,
             rollout.completion_mask,
-            jnp.repeat(answer_tokens, G, axis=0),
-            jnp.repeat(answer_lengths, G, axis=0),
+            repeat_rows(answer_tokens, G, 0, ("batch", None)),  # laid out as the rows
+            repeat_rows(answer_lengths, G, 0, ("batch",)),
             stop_ids=reward_stop_ids,
         )
         return rollout, correct
@@ -225,6 +225,7 @@ def advantage_program(algorithm: AlgorithmConfig, group_size: int) -> Callable[.
     """`build_rl_batch(algorithm, group_size=G, **arrays)` under `jax.jit`.
 
     Examples:
+      >>> import jax.numpy as jnp
       >>> from jaxrl_llm.train import preset
       >>> batch, metrics = advantage_program(preset("dapo"), 2)(
       ...     tokens=jnp.ones((4, 5), jnp.int32), attention_mask=jnp.ones((4, 5)),

@@ -141,7 +141,7 @@ def _row_local(fn: Any, *rows: Array) -> Any:
     )
 
 
-def _repeat_rows(x: Array, repeats: int, axis: int, names: tuple[str | None, ...]) -> Array:
+def repeat_rows(x: Array, repeats: int, axis: int, names: tuple[str | None, ...]) -> Array:
     """`jnp.repeat(x, repeats, axis)` laid out by `names`: row `b` becomes rows `b·G .. b·G+G-1`.
 
     Written as broadcast + reshape (what `jnp.repeat` does for a static count), so that under
@@ -191,7 +191,7 @@ def broadcast_cache(cache: KVCache, num_samples: int, max_len: int) -> KVCache:
         raise ValueError(f"broadcast_cache: max_len={max_len} < the cache's {cache.max_len} slots.")
 
     def grow(x: Array, names: tuple[str, ...], fill: Any) -> Array:
-        x = _repeat_rows(x, num_samples, names.index("batch"), names)
+        x = repeat_rows(x, num_samples, names.index("batch"), names)
         pad = [(0, 0)] * x.ndim
         pad[names.index("cache_seq")] = (0, extra)
         return jnp.pad(x, pad, constant_values=fill)
@@ -199,7 +199,7 @@ def broadcast_cache(cache: KVCache, num_samples: int, max_len: int) -> KVCache:
     axes = cache.logical_axes()
     lengths = cache.lengths
     if lengths.ndim:
-        lengths = _repeat_rows(lengths, num_samples, 0, axes.lengths)
+        lengths = repeat_rows(lengths, num_samples, 0, axes.lengths)
     return KVCache(
         k=grow(cache.k, axes.k, 0),
         v=grow(cache.v, axes.v, 0),
@@ -293,7 +293,7 @@ def sample_tokens(
         layer_unroll=config.layer_unroll,
     )
     first_logits = _whole_rows(model.logits(hidden[:, -1]))  # [B, V] float32
-    prompt_lengths = _repeat_rows(jnp.sum(mask, axis=1, dtype=jnp.int32), G, 0, _ROW)  # [N]
+    prompt_lengths = repeat_rows(jnp.sum(mask, axis=1, dtype=jnp.int32), G, 0, _ROW)  # [N]
     layers = decode_layers(model, config.layer_unroll)  # per-layer weights sliced once
     steps = prompt_lengths[:, None] + jnp.arange(T_loop, dtype=jnp.int32)[None]  # [N, T']
     rope_table = decode_rope(model, steps)  # (sin, cos) [N, T', Hd/2] of every decode step
@@ -345,7 +345,7 @@ def sample_tokens(
     ends = phase_ends(T_loop, U, config.decode_phases)  # the cache grows at each phase end
     start = _DecodeState(
         step=jnp.zeros((), jnp.int32),
-        logits=_repeat_rows(first_logits, G, 0, _ROW_TIME),
+        logits=repeat_rows(first_logits, G, 0, _ROW_TIME),
         cache=decode_cache(broadcast_cache(cache, G, P + ends[0])),
         done=budgets <= 0,
         lengths=shard(jnp.zeros((N,), jnp.int32), _ROW),
@@ -366,8 +366,8 @@ def sample_tokens(
     last = jnp.take_along_axis(completion, jnp.maximum(final.lengths - 1, 0)[:, None], axis=1)
     stopped = (final.lengths > 0) & _is_stop(last[:, 0], config.stop_tokens)
     return Rollout(
-        tokens=jnp.concatenate([_repeat_rows(tokens_in, G, 0, _ROW_TIME), completion], axis=1),
-        prompt_mask=_repeat_rows(mask, G, 0, _ROW_TIME),
+        tokens=jnp.concatenate([repeat_rows(tokens_in, G, 0, _ROW_TIME), completion], axis=1),
+        prompt_mask=repeat_rows(mask, G, 0, _ROW_TIME),
         completion_tokens=completion,
         completion_mask=completion_mask,
         logprobs=final.logprobs[:, :T],

@@ -10,7 +10,10 @@ Checks, on a (data=2, fsdp=2, tensor=2) mesh:
 - `param_shardings` of a Decoder places every weight like `from_pretrained(mesh=...)` does, the
   sharded forward equals the single-device one, `check_replication` accepts it and rejects a
   rule table that replicates the embeddings;
-- `cache_shardings` of a KV cache (per-row and shared lengths).
+- `cache_shardings` of a KV cache (per-row and shared lengths);
+- the in-graph exact-answer reward of the rollout program (answers repeated over the group,
+  then compacted row by row) runs on rows split over the batch axes under Explicit axes and
+  scores as on one device (a scatter into a replicated buffer was refused there).
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from jax.sharding import PartitionSpec as P
 
 from jaxrl_llm.models import Decoder, KVCache, ModelConfig
 from jaxrl_llm.parallel import cache_shardings, param_shardings
+from jaxrl_llm.rewards import exact_answer_reward
+from jaxrl_llm.sampler.core import repeat_rows
 from sharding import (
     LOGICAL_AXIS_RULES,
     MeshConfig,
@@ -196,6 +201,29 @@ def check_cache() -> None:
         raise AssertionError("6 rows were accepted on data·fsdp = 4")
 
 
+def check_in_graph_reward() -> None:
+    rng = np.random.default_rng(0)
+    B, G, T, A, stop = 4, 2, 6, 3, 9
+    completions = rng.integers(0, 4, (B * G, T)).astype(np.int32)
+    completions[::3, 2] = stop  # some rows stop early
+    mask = rng.random((B * G, T)) < 0.8
+    answers = rng.integers(0, 4, (B, A)).astype(np.int32)
+    answers[1] = completions[2, :3]  # a row whose valid tokens may match
+    lengths = np.array([3, 2, 1, 3], np.int32)
+
+    def score(c, m, a, n):
+        a, n = repeat_rows(a, G, 0, ("batch", None)), repeat_rows(n, G, 0, ("batch",))
+        return exact_answer_reward(c, m, a, n, stop_ids=stop)
+
+    reference = np.asarray(jax.jit(score)(completions, mask, answers, lengths))
+    for axis_types in ("explicit", "auto"):
+        mesh = make_mesh(MeshConfig(data=2, fsdp=2, tensor=2, axis_types=axis_types))
+        with jax.set_mesh(mesh):
+            rows = lambda x: jax.device_put(x, P(("data", "fsdp"), *[None] * (x.ndim - 1)))  # noqa: E731
+            out = jax.jit(score)(*(rows(x) for x in (completions, mask, answers, lengths)))
+        np.testing.assert_array_equal(np.asarray(out), reference, err_msg=axis_types)
+
+
 def main() -> None:
     assert jax.device_count() == 8, f"expected 8 devices, got {jax.device_count()}"
     check_shard()
@@ -203,6 +231,7 @@ def main() -> None:
     check_optimizer_state()
     check_params()
     check_cache()
+    check_in_graph_reward()
     print("multidevice: ok")
 
 

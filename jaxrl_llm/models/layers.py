@@ -303,6 +303,33 @@ def project(module: nnx.Module, name: str, x: Array, contract: int, names: Names
     return out * ratio.astype(out.dtype)
 
 
+def adapted_weight(weight: nnx.Param, a: nnx.Param, b: nnx.Param, scale: float) -> Array:
+    """`W + s·A·B` in float32, laid out like `W` (its logical names), for a LoRA-adapted
+    projection (`models.lora`). Leading (layer) axes of stacked parameters are batch axes of the
+    product.
+
+    Args:
+      weight: `W [*lead, *I, *O]`; `a`: `A [*lead, *I, r]`; `b`: `B [*lead, r, *O]`.
+      scale: the LoRA scale `s`.
+
+    Examples:
+      >>> w = make_param(jax.random.key(0), (3, 2), ("embed", "mlp"), jnp.float32, "ones")
+      >>> a = make_param(jax.random.key(1), (3, 1), ("embed", None), jnp.float32, "ones")
+      >>> b = make_param(jax.random.key(2), (1, 2), (None, "mlp"), jnp.float32, "ones")
+      >>> adapted_weight(w, a, b, 0.5).tolist()  # 1 + 0.5 · 1 · 1
+      [[1.5, 1.5], [1.5, 1.5], [1.5, 1.5]]
+    """
+    w = compute_weight(weight, jnp.float32)
+    a_value, b_value = compute_weight(a, jnp.float32), compute_weight(b, jnp.float32)
+    letters = "abcdefghijklmnopqrstuvwxy"
+    ins = letters[: a_value.ndim - 1]  # the leading axes, then W's input axes
+    outs = letters[a_value.ndim - 1 : w.ndim]
+    lead = ins[: b_value.ndim - 1 - len(outs)]
+    names = own_names(weight, w.ndim) or (None,) * w.ndim
+    delta = einsum(f"{ins}z,{lead}z{outs}->{ins}{outs}", a_value, b_value, names=names)
+    return w + scale * delta
+
+
 def dora_ratio(
     weight: nnx.Param,
     a: nnx.Param,
@@ -335,22 +362,8 @@ def dora_ratio(
       >>> dora_ratio(w, a, b, m, 2.0, inputs=1).round(4).tolist()  # 1 / ‖(1, 1, 1)‖
       [0.5774, 0.5774]
     """
-    w = compute_weight(weight, jnp.float32)
+    adapted = adapted_weight(weight, a, b, scale)
     lead = a[...].ndim - inputs - 1
-    letters = "abcdefghijklmnopqrstuvwxy"
-    batch, ins, outs = (
-        letters[:lead],
-        letters[lead : lead + inputs],
-        letters[lead + inputs : w.ndim],
-    )
-    names = own_names(weight, w.ndim) or (None,) * w.ndim
-    delta = einsum(
-        f"{batch}{ins}z,{batch}z{outs}->{batch}{ins}{outs}",
-        compute_weight(a, jnp.float32),
-        compute_weight(b, jnp.float32),
-        names=names,
-    )
-    adapted = w + scale * delta
     norm = jax.lax.stop_gradient(
         jnp.sqrt(jnp.sum(jnp.square(adapted), axis=tuple(range(lead, lead + inputs))))
     )

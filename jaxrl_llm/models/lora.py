@@ -22,8 +22,9 @@ weight in the `Attention` / `MLP` module (`q_lora_a`, `q_lora_b`, ...; `layers.p
 applies them), so the sampler, the training forwards, sharding and checkpoints see ordinary
 parameters (the rank axis is never split).
 `merge_lora` folds them into `W` (`W + s · A·B`, times DoRA's factor): `save_pretrained` writes
-the merged model, a plain Hugging Face checkpoint. The sampler folds DoRA's factor into `W` and
-`B` once per rollout (`fold_dora_magnitudes`) instead of recomputing the norms at every token.
+the merged model, a plain Hugging Face checkpoint. The sampler merges the adapters once per call
+(`SamplingConfig.merge_lora`), or else folds DoRA's factor into `W` and `B` once per call
+(`fold_dora_magnitudes`) instead of recomputing the norms at every token.
 
 Examples:
   >>> from jaxrl_llm.models import Decoder, ModelConfig
@@ -46,7 +47,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxrl_llm.config import ConfigError
-from jaxrl_llm.models.layers import MLP, Attention, dora_ratio
+from jaxrl_llm.models.layers import MLP, Attention, adapted_weight, dora_ratio
 
 # the projections that take adapters: the rank of their own weight, and of its input axes
 TARGETS = {"q": 3, "k": 3, "v": 3, "o": 3, "gate": 2, "up": 2, "down": 2}
@@ -170,23 +171,6 @@ def has_lora(model: nnx.Module) -> bool:
     )
 
 
-def lora_delta(
-    a: jax.Array, b: jax.Array, scale: float, shape: tuple[int, ...], stacked: int = 0
-) -> jax.Array:
-    """`s · A·B` in the layout `shape` of the adapted weight, float32; `stacked` leading axes
-    (the layers) are batch axes of the product.
-
-    Examples:
-      >>> a, b = jnp.ones((2, 3, 1)), jnp.ones((2, 1, 4))  # [L, D, r], [L, r, F]
-      >>> lora_delta(a, b, 0.5, (2, 3, 4), stacked=1)[0, 0].tolist()
-      [0.5, 0.5, 0.5, 0.5]
-    """
-    rank, lead = a.shape[-1], a.shape[:stacked]
-    a2 = a.reshape(*lead, -1, rank).astype(jnp.float32)
-    b2 = b.reshape(*lead, rank, -1).astype(jnp.float32)
-    return (scale * jnp.matmul(a2, b2)).reshape(shape)
-
-
 def merge_lora(model: nnx.Module) -> nnx.Module:
     """A copy of `model` with every adapter folded into its weight (`W + s · A·B`, with DoRA
     `m / ‖W + s·A·B‖ ⊙ (W + s·A·B)`, computed in float32, stored in `W`'s dtype) and the
@@ -204,16 +188,13 @@ def merge_lora(model: nnx.Module) -> nnx.Module:
     model = nnx.clone(model)
     for host, name, stacked in _adapted(model):
         weight, a, b = (getattr(host, f"{name}{suffix}") for suffix in ("", "_lora_a", "_lora_b"))
-        value = weight[...]
-        delta = lora_delta(a[...], b[...], host.lora_config.scale, value.shape, stacked)
-        merged = value.astype(jnp.float32) + delta
+        dtype, scale = weight[...].dtype, host.lora_config.scale
+        merged = adapted_weight(weight, a, b, scale)
         magnitude = getattr(host, f"{name}_lora_m", None)
         if magnitude is not None:
-            ratio = dora_ratio(
-                weight, a, b, magnitude, host.lora_config.scale, inputs=INPUT_AXES[name]
-            )
+            ratio = dora_ratio(weight, a, b, magnitude, scale, inputs=INPUT_AXES[name])
             merged = merged * _expand_over_inputs(ratio, stacked, INPUT_AXES[name])
-        weight.set_value(merged.astype(value.dtype))
+        weight.set_value(merged.astype(dtype))
         _drop_adapters(host, name)
     return model
 

@@ -112,6 +112,7 @@ def generate(
     steps_per_loop: int = 1,
     bucket_multiple: int | None = None,
     row_groups: int | None = None,
+    merge_lora: bool = True,
 ) -> Rollout:
     """Sample `num_samples` completions of each prompt with the compiled sampler.
 
@@ -137,6 +138,8 @@ def generate(
       bucket_multiple: pad prompt lengths to this multiple instead of a power of two.
       row_groups: run the prompts as this many equal groups, one host thread each (CPU;
         `jaxrl_llm.sampler.row_groups`; the same rollout). None: automatic.
+      merge_lora: fold a LoRA model's adapters into its weights once per call (the default);
+        False applies them at every token (`SamplingConfig.merge_lora`).
 
     Returns:
       A `Rollout`.
@@ -175,6 +178,7 @@ def generate(
         steps_per_loop=steps_per_loop,
         bucket_multiple=bucket_multiple,
         row_groups=row_groups,
+        merge_lora=merge_lora,
     )
     P = bucket_length(
         max(len(r) for r in rows), multiple=config.bucket_multiple, minimum=config.min_bucket

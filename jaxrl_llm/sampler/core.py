@@ -46,7 +46,7 @@ from jax.sharding import AxisType, PartitionSpec
 
 from jaxrl_llm.models._sharded_ops import compute_layout, reshape
 from jaxrl_llm.models.cache import KVCache, positions_from_mask, shard_cache
-from jaxrl_llm.models.lora import fold_dora_magnitudes
+from jaxrl_llm.models.lora import fold_dora_magnitudes, has_lora, merge_lora
 from jaxrl_llm.sampler.config import SamplingConfig
 from jaxrl_llm.sampler.decode import (
     DecodeCache,
@@ -276,7 +276,11 @@ def sample_tokens(
     tokens_in, mask = shard(tokens_in, _ROW_TIME), shard(mask, _ROW_TIME)
     if config.gather_weights:
         state = compute_layout(state)  # gather FSDP shards once, not in every decode step
-    model = fold_dora_magnitudes(nnx.merge(graphdef, state))  # DoRA's norms once per rollout
+    model = nnx.merge(graphdef, state)
+    if config.merge_lora and config.gather_weights and has_lora(model):
+        model = merge_lora(model)  # adapters folded once per call: decoding runs the plain model
+    else:
+        model = fold_dora_magnitudes(model)  # at least DoRA's norms once per call
     B, P = tokens_in.shape
     G, T, U = config.num_samples, config.max_new_tokens, config.steps_per_loop
     N, T_loop = B * G, -(-T // U) * U

@@ -149,6 +149,8 @@ def test_a_dora_adapter_loads_back_and_the_sampler_folds_the_magnitudes(tmp_path
     )
     prompts = [[3, 5, 7], [1, 4]]
     kw = {"max_new_tokens": 6, "key": jax.random.key(3), "num_samples": 2, "stop_tokens": ()}
-    adapted, merged = generate(model, prompts, **kw), generate(merge_lora(model), prompts, **kw)
-    np.testing.assert_array_equal(adapted.tokens, merged.tokens)
-    np.testing.assert_allclose(adapted.logprobs, merged.logprobs, rtol=1e-4, atol=1e-4)
+    merged = generate(merge_lora(model), prompts, **kw)
+    for merge in (True, False):  # merged in the program, or folded magnitudes and `(x·A)·B`
+        adapted = generate(model, prompts, merge_lora=merge, **kw)
+        np.testing.assert_array_equal(adapted.tokens, merged.tokens, err_msg=str(merge))
+        np.testing.assert_allclose(adapted.logprobs, merged.logprobs, rtol=1e-4, atol=1e-4)

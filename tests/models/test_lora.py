@@ -155,15 +155,17 @@ def test_lora_errors_name_the_problem():
         add_lora(model, LoRAConfig(rank=2), rngs=nnx.Rngs(0))
 
 
-def test_the_sampler_draws_with_the_adapters():
+def test_the_sampler_draws_with_the_adapters_merged_once_per_call_or_at_every_token():
     from jaxrl_llm.sampler import generate
 
     base, model = _adapted(LoRAConfig(rank=4, alpha=8.0), random_b=True)
     prompts = [[3, 5, 7], [1, 4]]
     kw = {"max_new_tokens": 6, "key": jax.random.key(3), "num_samples": 2, "stop_tokens": ()}
-    adapted, merged = generate(model, prompts, **kw), generate(merge_lora(model), prompts, **kw)
-    np.testing.assert_array_equal(adapted.tokens, merged.tokens)
-    np.testing.assert_allclose(adapted.logprobs, merged.logprobs, rtol=1e-4, atol=1e-4)
+    merged = generate(merge_lora(model), prompts, **kw)
+    for merge in (True, False):  # merged inside the program, or `s·(x·A)·B` at every token
+        adapted = generate(model, prompts, merge_lora=merge, **kw)
+        np.testing.assert_array_equal(adapted.tokens, merged.tokens, err_msg=str(merge))
+        np.testing.assert_allclose(adapted.logprobs, merged.logprobs, rtol=1e-4, atol=1e-4)
     plain = generate(base, prompts, **kw)
     assert float(np.max(np.abs(np.asarray(plain.logprobs) - np.asarray(adapted.logprobs)))) > 1e-3
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 
-import jax
 import numpy as np
 import pytest
 
@@ -68,19 +67,11 @@ SUMMARY_KEYS = {
 }
 
 
-@pytest.fixture
-def fast_compiles():
-    previous = jax.config.read("jax_disable_most_optimizations")
-    jax.config.update("jax_disable_most_optimizations", True)
-    yield
-    jax.config.update("jax_disable_most_optimizations", previous)
-
-
 def _records(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_demo_writes_its_outputs_and_reuses_the_cached_sft_stage(tmp_path, fast_compiles):
+def test_demo_writes_its_outputs_and_reuses_the_cached_sft_stage(tmp_path):
     root = tmp_path / "demo"
     lines: list[str] = []
     summary = run_demo(root, sft_overrides=TINY_SFT, rl_overrides=TINY_RL, print_fn=lines.append)
@@ -182,7 +173,7 @@ SHORT_RL = ["train.steps=60", "train.eval_every=0", "train.log_every=10"]
 
 
 @pytest.mark.slow
-def test_shortened_demo_learns_from_the_verifier_reward(tmp_path):
+def test_shortened_demo_learns_from_the_verifier_reward(tmp_path, with_optimisations):
     summary = run_demo(
         tmp_path, sft_overrides=SHORT_SFT, rl_overrides=SHORT_RL, print_fn=lambda _: None
     )

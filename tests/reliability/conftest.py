@@ -1,29 +1,19 @@
-"""Fixtures of the reliability suite: fast compiles in-process, one compilation cache for the
-subprocess runs, and one uninterrupted reference run shared by the crash, resume,
-reproducibility and checkpoint tests.
+"""Fixtures of the reliability suite: one compilation cache for the subprocess runs, and one
+uninterrupted reference run shared by the crash, resume, reproducibility and checkpoint tests.
 
-The runs here are a few steps of a width-16 model, so compiling dominates their time. In the
-test process most XLA optimisation passes are turned off (`jax_disable_most_optimizations`, as
-in `tests/runner`; it changes how fast programs compile, not what they compute), and every
-`jaxrl-llm train` subprocess runs with the same setting and a persistent compilation cache
+The runs here are a few steps of a width-16 model, so compiling dominates their time. The test
+process compiles with most XLA optimisation passes off (`tests/compile_settings.py`; it changes
+how fast programs compile, not what they compute), and every `jaxrl-llm train` subprocess runs
+with the same setting and a persistent compilation cache
 shared by the session, so only the first subprocess compiles. In-process runs share their
 compiled programs through `jaxrl_llm.runner.programs`' cache.
 """
 
 from __future__ import annotations
 
-import jax
 import pytest
 
 from tests.reliability.helpers import RUN, train
-
-
-@pytest.fixture(scope="package", autouse=True)
-def _fast_compiles():
-    previous = jax.config.read("jax_disable_most_optimizations")
-    jax.config.update("jax_disable_most_optimizations", True)
-    yield
-    jax.config.update("jax_disable_most_optimizations", previous)
 
 
 @pytest.fixture(scope="session")
@@ -33,7 +23,7 @@ def compile_cache(tmp_path_factory):
 
 
 @pytest.fixture(scope="package")
-def reference_run(_fast_compiles, tmp_path_factory):
+def reference_run(tmp_path_factory):
     """The run directory of an uninterrupted `RUN` (6 steps, checkpoints at 2, 4, 6).
 
     Read-only for the tests: copy it (`helpers.copy_run`) to resume or damage it."""

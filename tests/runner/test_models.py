@@ -12,6 +12,7 @@ from jaxrl_llm.models import Decoder, ModelConfig, ValueModel
 from jaxrl_llm.runner.models import compiled_init, export_policy
 from jaxrl_llm.tokenizer import load_tokenizer
 from jaxrl_llm.train import split_models
+from tests.compile_settings import optimisations
 
 CFG = ModelConfig(
     family="qwen3",
@@ -30,17 +31,15 @@ CFG = ModelConfig(
 def production_compiles():
     """XLA's default optimisations, on fresh caches, for this test only.
 
-    The package's conftest compiles with most optimisations off, and JAX's caches of eager
-    operations are not keyed by that setting: eager draws compiled by an earlier test (in
-    another package, on the same worker) would be reused with the other setting and differ
-    from the compiled initialisation by an ulp. Bit-equality is the claim for real runs, which
-    compile with the defaults.
+    The suite compiles with most optimisations off (`tests/compile_settings.py`), and JAX's
+    caches of eager operations are not keyed by that setting: eager draws compiled by an
+    earlier test would be reused with the other setting and differ from the compiled
+    initialisation by an ulp. Bit-equality is the claim for real runs, which compile with the
+    defaults.
     """
-    previous = jax.config.read("jax_disable_most_optimizations")
-    jax.config.update("jax_disable_most_optimizations", False)
-    jax.clear_caches()
-    yield
-    jax.config.update("jax_disable_most_optimizations", previous)
+    with optimisations(True):
+        jax.clear_caches()
+        yield
     jax.clear_caches()
 
 

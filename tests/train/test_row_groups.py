@@ -106,8 +106,10 @@ def test_adamw_row_groups_follow_the_whole_batch_step(compiled):
     expected_state, expected = _run(whole, alg, tx, compiled, steps=1)
     state, got = _run(split, alg, tx, compiled, steps=1)
     assert tree_max_abs_diff(state.params, expected_state.params) < 2e-4  # ≤ 0.2 × lr
+    # the first GRPO loss is ≈ 0 (ratio 1, advantages summing to 0 per group): its value,
+    # ~1e-7, is rounding noise, so only an absolute tolerance means anything
     np.testing.assert_allclose(
-        got[0]["loss/total"], expected[0]["loss/total"], rtol=1e-4, atol=1e-9
+        got[0]["loss/total"], expected[0]["loss/total"], rtol=1e-4, atol=1e-6
     )
 
 

@@ -363,7 +363,12 @@ def dora_ratio(
       [0.5774, 0.5774]
     """
     adapted = adapted_weight(weight, a, b, scale)
-    lead = a[...].ndim - inputs - 1
+    return dora_ratio_of(adapted, magnitude, lead=a[...].ndim - inputs - 1, inputs=inputs)
+
+
+def dora_ratio_of(adapted: Array, magnitude: nnx.Param, *, lead: int, inputs: int) -> Array:
+    """`dora_ratio` from an already computed `W + s·A·B [*lead, *I, *O]` (float32), for
+    callers that also need the adapted weight (`models.merge_lora`)."""
     norm = jax.lax.stop_gradient(
         jnp.sqrt(jnp.sum(jnp.square(adapted), axis=tuple(range(lead, lead + inputs))))
     )

@@ -47,7 +47,13 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxrl_llm.config import ConfigError
-from jaxrl_llm.models.layers import MLP, Attention, adapted_weight, dora_ratio
+from jaxrl_llm.models.layers import (
+    MLP,
+    Attention,
+    adapted_weight,
+    dora_ratio,
+    dora_ratio_of,
+)
 
 # the projections that take adapters: the rank of their own weight, and of its input axes
 TARGETS = {"q": 3, "k": 3, "v": 3, "o": 3, "gate": 2, "up": 2, "down": 2}
@@ -192,8 +198,9 @@ def merge_lora(model: nnx.Module) -> nnx.Module:
         merged = adapted_weight(weight, a, b, scale)
         magnitude = getattr(host, f"{name}_lora_m", None)
         if magnitude is not None:
-            ratio = dora_ratio(weight, a, b, magnitude, scale, inputs=INPUT_AXES[name])
-            merged = merged * _expand_over_inputs(ratio, stacked, INPUT_AXES[name])
+            inputs = INPUT_AXES[name]
+            ratio = dora_ratio_of(merged, magnitude, lead=stacked, inputs=inputs)
+            merged = merged * _expand_over_inputs(ratio, stacked, inputs)
         weight.set_value(merged.astype(dtype))
         _drop_adapters(host, name)
     return model

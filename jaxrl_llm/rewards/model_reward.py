@@ -19,16 +19,23 @@ The EOS matches how reward models are trained on preference data (`train_reward_
 `add_eos: false` scores the text as it is.
 
 Rows are scored in batches of `batch_size`, right-padded to a power-of-two length (at least
-16; one compiled program per length), on the process's default device; a text longer than
-`max_length` tokens keeps its last `max_length` (the completion's end, where the score is
-read). As a host reward function it takes part in everything the others do: weights, the
-decoupled combination, the failure policy and timeout, and, in a multi-host job, each process
-scores its share of the groups. The first call of each padded length compiles the forward
-within the reward's time limit (`rewards.timeout_s`): give a large model one that covers it.
+16; one compiled program per length); a text longer than `max_length` tokens keeps its last
+`max_length` (the completion's end, where the score is read). The model runs on a mesh of this
+process's devices (`mesh`, by default every local device on the `fsdp` axis): its weights are
+placed by the logical-axis rules, as the policy's are, and each batch's rows are split over the
+mesh's batch axes (`data`, `fsdp`), so a reward model larger than one device's memory fits and
+every device scores its share of the rows. The mesh holds local devices only, so the scoring
+needs no other process. `dtype: bfloat16` stores and runs the model in bfloat16 (the scores
+are returned as float32). As a host reward function it takes part in everything the others
+do: weights, the decoupled combination, the failure policy and timeout, and, in a multi-host
+job, each process scores its share of the groups. The first call of each padded length
+compiles the forward within the reward's time limit (`rewards.timeout_s`): give a large model
+one that covers it.
 """
 
 from __future__ import annotations
 
+import math
 import pathlib
 from collections.abc import Sequence
 from typing import Any
@@ -38,7 +45,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from sharding import MeshConfig, batch_shardings, make_mesh
+
 _MIN_LENGTH = 16
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
 def _bucket(length: int) -> int:
@@ -51,6 +61,22 @@ def _bucket(length: int) -> int:
     return max(_MIN_LENGTH, 1 << (max(length, 1) - 1).bit_length())
 
 
+def _local_mesh(fields: dict[str, Any] | None) -> jax.sharding.Mesh:
+    """The `(data, fsdp, tensor)` mesh of this process's devices described by `fields`."""
+    fields = {"data": 1, "fsdp": -1} if fields is None else fields
+    if not isinstance(fields, dict):
+        raise ValueError(
+            f"reward_model: `mesh` must be a mapping of MeshConfig fields, got {fields!r}."
+        )
+    try:
+        return make_mesh(MeshConfig(**fields), devices=jax.local_devices())
+    except (TypeError, ValueError) as err:
+        raise ValueError(
+            f"reward_model: `mesh` {fields} does not fit this process's "
+            f"{jax.local_device_count()} devices: {err}"
+        ) from err
+
+
 def reward_model(
     *,
     checkpoint: str,
@@ -58,6 +84,8 @@ def reward_model(
     batch_size: int = 16,
     max_length: int = 2048,
     add_eos: bool = True,
+    dtype: str = "float32",
+    mesh: dict[str, Any] | None = None,
 ) -> Any:
     """Load a reward model and return the reward function that scores with it (module
     docstring). Called once, when the run's reward functions are resolved.
@@ -66,18 +94,25 @@ def reward_model(
       checkpoint: a local `*ForSequenceClassification` checkpoint directory with one label.
       tokenizer: the reward model's tokenizer: a directory, or `"byte"` (default: the
         checkpoint directory).
-      batch_size: rows per forward.
+      batch_size: rows per forward, rounded up to a multiple of the number of devices the rows
+        split over (the mesh's `data` × `fsdp`).
       max_length: tokens kept per text (the last ones).
       add_eos: end every text with the tokenizer's EOS before scoring, as the preference
         data a reward model is trained on ends every completion (`train_reward_model`,
         `PreferenceDataConfig.add_eos`); the sampler's completions come without it.
+      dtype: `"float32"` or `"bfloat16"`: the dtype the weights are stored and computed in.
+      mesh: the `MeshConfig` fields (`data`, `fsdp`, `tensor`, `axis_types`) of the mesh of
+        this process's devices that the model runs on (default `{"data": 1, "fsdp": -1}`:
+        weights and rows split over every local device). `{"data": -1}` replicates the weights
+        and splits only the rows (faster where the model fits on one device).
 
     Returns:
-      `fn(prompts, completions, **fields) -> list[float]`.
+      `fn(prompts, completions, **fields) -> list[float]`; `fn.state` is the loaded model's
+      `nnx.State`, placed on `fn.mesh`.
 
     Raises:
       ValueError: the checkpoint is missing, is not a one-label sequence classifier (no
-        `score.weight`), or an option is out of range.
+        `score.weight`), an option is out of range, or the mesh does not fit the local devices.
 
     Examples:
       >>> import tempfile
@@ -99,6 +134,9 @@ def reward_model(
     for name, value in (("batch_size", batch_size), ("max_length", max_length)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"reward_model: `{name}` must be an int >= 1, got {value!r}.")
+    if dtype not in _DTYPES:
+        raise ValueError(f"reward_model: `dtype` must be one of {sorted(_DTYPES)}, got {dtype!r}.")
+    device_mesh = _local_mesh(mesh)
     path = pathlib.Path(checkpoint)
     if not (path / "config.json").is_file():
         raise ValueError(f"reward_model: {path} is not a checkpoint directory (no config.json).")
@@ -108,12 +146,16 @@ def reward_model(
                 f"reward_model: {path} has no `score.weight`: not a *ForSequenceClassification "
                 "reward model (a causal LM checkpoint cannot score completions)."
             )
-    model = from_pretrained(path, head="value")
+    model = from_pretrained(
+        path, head="value", mesh=device_mesh, dtype=_DTYPES[dtype], param_dtype=_DTYPES[dtype]
+    )
     assert isinstance(model, ValueModel)
     tok = load_tokenizer(path if tokenizer is None else tokenizer)
     if add_eos and tok.eos_id is None:
         raise ValueError("reward_model: the tokenizer has no EOS token; set add_eos: false.")
     graphdef, state = nnx.split(model)
+    split = math.prod(device_mesh.shape[axis] for axis in ("data", "fsdp"))
+    batch_size = -(-batch_size // split) * split
 
     @jax.jit
     def last_token_scores(state: Any, tokens: jax.Array, lengths: jax.Array) -> jax.Array:
@@ -133,8 +175,13 @@ def reward_model(
             lengths = np.ones(batch_size, np.int32)  # filler rows: one pad token, ignored
             for i, row in enumerate(rows):
                 tokens[i, : len(row)], lengths[i] = row, len(row)
-            scores = last_token_scores(state, jnp.asarray(tokens), jnp.asarray(lengths))
+            batch = jax.device_put(
+                (tokens, lengths), batch_shardings((tokens, lengths), device_mesh)
+            )
+            with jax.set_mesh(device_mesh):
+                scores = last_token_scores(state, *batch)
             out.extend(float(s) for s in np.asarray(scores)[: len(rows)])
         return out
 
+    score.state, score.mesh = state, device_mesh  # type: ignore[attr-defined]
     return score

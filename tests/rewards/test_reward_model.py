@@ -3,7 +3,9 @@
 The scores of `rewards.reward_model` (`rewards/model_reward.py`; batched, right-padded to a power-of-two length, filler
 rows, truncated to the last `max_length` tokens) must equal `transformers`'
 `*ForSequenceClassification` run in float64 on each text alone; a causal LM checkpoint, a
-missing directory and an unknown option are errors that name the problem; and GRPO on a
+missing directory, an unknown option, dtype or mesh field and a mesh that does not fit the
+devices are errors that name the problem (the multi-device meshes are checked on 8 simulated
+devices in `tests/sharding/multidevice_runner.py`); and GRPO on a
 random reward model raises that model's score (the policy learns what the reward model likes).
 """
 
@@ -87,6 +89,12 @@ def test_resolved_from_a_config_and_bad_checkpoints_are_named(checkpoint, tmp_pa
         )
     with pytest.raises(ValueError, match="`batch_size` must be an int >= 1"):
         reward_model(checkpoint=str(checkpoint), batch_size=0)
+    with pytest.raises(ValueError, match="`dtype` must be one of"):
+        reward_model(checkpoint=str(checkpoint), dtype="float16")
+    with pytest.raises(ValueError, match=r"`mesh` \{'data': 2\} does not fit this process's 1"):
+        reward_model(checkpoint=str(checkpoint), mesh={"data": 2})
+    with pytest.raises(ValueError, match="unexpected keyword argument 'model'"):
+        reward_model(checkpoint=str(checkpoint), mesh={"model": 1})
 
 
 def test_grpo_raises_the_reward_models_score(checkpoint, tmp_path):

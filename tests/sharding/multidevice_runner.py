@@ -13,10 +13,15 @@ Checks, on a (data=2, fsdp=2, tensor=2) mesh:
 - `cache_shardings` of a KV cache (per-row and shared lengths);
 - the in-graph exact-answer reward of the rollout program (answers repeated over the group,
   then compacted row by row) runs on rows split over the batch axes under Explicit axes and
-  scores as on one device (a scatter into a replicated buffer was refused there).
+  scores as on one device (a scatter into a replicated buffer was refused there);
+- `fn: reward_model` on meshes of the 8 devices (FSDP by default, data × fsdp × tensor in
+  bfloat16 and under Auto axes, data only): its weights split as the rules say and its scores
+  equal the one-device forward of each text alone.
 """
 
 from __future__ import annotations
+
+import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -25,10 +30,12 @@ import optax
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from jaxrl_llm.models import Decoder, KVCache, ModelConfig
+from jaxrl_llm.models import Decoder, KVCache, ModelConfig, ValueModel, save_pretrained
 from jaxrl_llm.parallel import cache_shardings, param_shardings
-from jaxrl_llm.rewards import exact_answer_reward
+from jaxrl_llm.rewards import exact_answer_reward, reward_model
 from jaxrl_llm.sampler.core import repeat_rows
+from jaxrl_llm.tokenizer import ByteTokenizer
+from jaxrl_llm.train import SequenceBatch, sequence_scores
 from sharding import (
     LOGICAL_AXIS_RULES,
     MeshConfig,
@@ -224,6 +231,61 @@ def check_in_graph_reward() -> None:
         np.testing.assert_array_equal(np.asarray(out), reference, err_msg=axis_types)
 
 
+def check_reward_model() -> None:
+    cfg = ModelConfig(
+        family="qwen3",
+        vocab_size=259,
+        hidden_size=32,
+        intermediate_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=8,
+    )
+    path = tempfile.mkdtemp()
+    with jax.default_device(jax.devices()[0]):
+        model = ValueModel(cfg, rngs=nnx.Rngs(3))
+    save_pretrained(model, path)
+    prompts = ["1+1=", "12+30=", "7+8=", "", "99+99=", "3*4="]
+    completions = ["2", "42 and more", "15", "x", "198" * 7, "12"]
+    tok = ByteTokenizer()  # the reference: one device, the texts right-padded in one batch
+    ids = [tok.encode(p + c, add_eos=True) for p, c in zip(prompts, completions, strict=True)]
+    tokens = np.zeros((len(ids), max(map(len, ids))), np.int32)
+    mask = np.zeros_like(tokens)
+    for i, row in enumerate(ids):
+        tokens[i, : len(row)], mask[i, : len(row)] = row, 1
+    graphdef, state = nnx.split(model)
+    forward = jax.jit(
+        lambda s, t, m: sequence_scores(nnx.merge(graphdef, s), SequenceBatch(t, m, m))
+    )
+    with jax.default_device(jax.devices()[0]):
+        reference = np.asarray(forward(state, tokens, mask))
+    cases = [
+        (None, "float32"),
+        ({"data": 2, "fsdp": 2, "tensor": 2}, "bfloat16"),
+        ({"data": 2, "fsdp": 2, "tensor": 2, "axis_types": "auto"}, "float32"),
+        ({"data": -1}, "float32"),
+    ]
+    for mesh, dtype in cases:  # batch_size 3 → 8 rows per forward: one batch of one bucket
+        score = reward_model(
+            checkpoint=path, tokenizer="byte", batch_size=3, mesh=mesh, dtype=dtype
+        )
+        assert dict(score.mesh.shape) == (
+            {"data": 1, "fsdp": 8, "tensor": 1} if mesh is None else dict(score.mesh.shape)
+        )
+        if mesh != {"data": -1}:  # the weights are split (259 rows of embeddings stay whole
+            check_replication(score.state, max_replicated_fraction=0.15)  # over `tensor`)
+        got = score(prompts, completions)
+        tol = 2e-2 if dtype == "bfloat16" else 1e-5
+        np.testing.assert_allclose(got, reference, atol=tol, rtol=tol, err_msg=f"{mesh} {dtype}")
+    try:
+        reward_model(checkpoint=path, tokenizer="byte", mesh={"data": 3})
+    except ValueError as err:
+        assert "does not fit this process's 8 devices" in str(err), err
+    else:
+        raise AssertionError("a mesh of 3 devices was accepted on 8")
+
+
 def main() -> None:
     assert jax.device_count() == 8, f"expected 8 devices, got {jax.device_count()}"
     check_shard()
@@ -232,6 +294,7 @@ def main() -> None:
     check_params()
     check_cache()
     check_in_graph_reward()
+    check_reward_model()
     print("multidevice: ok")
 
 

@@ -1,11 +1,16 @@
 """Root pytest configuration, shared by every test path (tests/ and the packages' doctests).
 
 - Modules that must not be imported by --doctest-modules.
-- The runner turns on JAX's persistent compilation cache by default (`train.compilation_cache`,
-  `~/.cache/jaxrl_llm/jax`). A test run must not write into the user's home, so each pytest
-  process points JAX at its own temporary cache directory (inherited by the subprocesses the
-  tests start, removed at exit) unless `JAX_COMPILATION_CACHE_DIR` is already set. The runner
-  keeps a directory configured for the process, so every training run of the suite uses it.
+- One persistent compilation cache for the whole test session: the pytest process points JAX
+  at a temporary directory (removed at exit) unless `JAX_COMPILATION_CACHE_DIR` is already
+  set, and caches every program however short its compile time. The xdist workers and the
+  subprocesses the tests start (notebooks, runners, CLI runs) inherit both settings, so a
+  program one process compiled is loaded by the others instead of compiled again (pytest's
+  wall time 906 → 828 s on 2 cores, docs/testing.md). The runner turns on the same cache by
+  default (`train.compilation_cache`, `~/.cache/jaxrl_llm/jax`) and keeps a directory already
+  configured, so the suite's training runs never write into the user's home. The cache key
+  covers the compile options, so programs compiled with and without XLA's optimisations
+  (below) never stand in for each other.
 - The test process compiles with most of XLA's optimisation passes off (`tests/compile_settings.py`:
   compiling, not running, is most of the suite's time).
 """
@@ -15,16 +20,25 @@ import os
 import shutil
 import tempfile
 
-import pytest
-
-from tests.compile_settings import optimisations, with_optimisations  # noqa: F401 (a fixture)
-
-collect_ignore = ["jaxrl_llm/__main__.py", "setup.py", ".venv"]
-
-if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # before JAX reads its settings
     _cache = tempfile.mkdtemp(prefix="jaxrl_llm-tests-jax-cache-")
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
     atexit.register(shutil.rmtree, _cache, ignore_errors=True)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+
+import jax
+import pytest
+
+from tests.compile_settings import optimisations, with_optimisations  # noqa: F401
+
+# JAX may have been imported before this file (a plugin): give it the settings either way
+jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+jax.config.update(
+    "jax_persistent_cache_min_compile_time_secs",
+    float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]),
+)
+
+collect_ignore = ["jaxrl_llm/__main__.py", "setup.py", ".venv"]
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -74,7 +74,8 @@ class ModelSection:
         the sequence length instead of quadratic; for long sequences on accelerators
         (docs/models.md).
       trainable: regexes of the trainable parameter paths (`split_models`; () = all, or with
-        `lora` the adapters, a reward model's scalar head and the critic).
+        `lora` the adapters, a reward model's scalar head and the critic; with `critic_lora`
+        the critic's adapters and value head).
       frozen: regexes of parameter paths to freeze.
       lora: LoRA adapters on the policy's projections (`models.LoRAConfig`: rank, alpha,
         targets, use_rslora, use_dora), drawn with `seed + 2`; None: none. The export folds
@@ -86,6 +87,10 @@ class ModelSection:
       critic_checkpoint: the PPO critic (`critic.kind: model`) from this checkpoint
         (`*ForSequenceClassification` or a causal LM whose backbone gets a fresh head); None:
         the policy's checkpoint backbone with a fresh head, or a random critic of `init`.
+      critic_lora: LoRA adapters on the PPO critic's projections (`critic.kind: model`; a
+        `models.LoRAConfig`), drawn with `seed + 3`: the critic's adapters and its value head
+        train, its backbone stays frozen (OpenRLHF's LoRA critic). None: the whole critic
+        trains.
 
     Examples:
       >>> sec = build(ModelSection, {"init": {"family": "qwen3", "vocab_size": 259,
@@ -110,6 +115,7 @@ class ModelSection:
     lora: LoRAConfig | None = None
     lora_adapter: str | None = None
     critic_checkpoint: str | None = None
+    critic_lora: LoRAConfig | None = None
 
     def __post_init__(self) -> None:
         if (self.checkpoint is None) == (self.init is None):
@@ -475,13 +481,18 @@ def _validate_model(cfg: RunConfig) -> None:
             f"model.init.vocab_size: the byte tokenizer has {BYTE_VOCAB} token ids, the model "
             f"only {init.vocab_size}."
         )
-    if cfg.model.critic_checkpoint is not None:
-        critic = cfg.algorithm.critic if cfg.algorithm is not None else None
-        if critic is None or critic.kind != "model":
-            raise ConfigError(
-                "model.critic_checkpoint: only a separate critic (algorithm.critic.kind: model) "
-                "is loaded from a checkpoint."
-            )
+    critic = cfg.algorithm.critic if cfg.algorithm is not None else None
+    separate = critic is not None and critic.kind == "model"
+    if cfg.model.critic_checkpoint is not None and not separate:
+        raise ConfigError(
+            "model.critic_checkpoint: only a separate critic (algorithm.critic.kind: model) "
+            "is loaded from a checkpoint."
+        )
+    if cfg.model.critic_lora is not None and not separate:
+        raise ConfigError(
+            "model.critic_lora: only a separate critic (algorithm.critic.kind: model) takes "
+            "LoRA adapters; a value head trains with the policy (use model.lora)."
+        )
 
 
 def _validate_batch(cfg: RunConfig) -> None:

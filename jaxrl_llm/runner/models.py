@@ -10,6 +10,7 @@
              algorithm.critic.kind = "model" → from_pretrained(model.critic_checkpoint or
                                                model.checkpoint, head="value"), or a random
                                                ValueModel(init, rngs=Rngs(seed + 1))
+             model.critic_lora → add_lora(critic, critic_lora, rngs=Rngs(seed + 3))
 
 Everything is deterministic in the config, so a resumed run rebuilds exactly the same initial
 models (the reference policy is the initial policy, after the warm start). Random
@@ -155,14 +156,18 @@ def build_critic(config: RunConfig, policy: Decoder) -> nnx.Module | None:
     }
     path = section.critic_checkpoint or section.checkpoint
     if path is None:
-        return compiled_init(
+        model = compiled_init(
             lambda: ValueModel(section.init, **kwargs, rngs=nnx.Rngs(config.seed + 1))
         )
-    key = "model.critic_checkpoint" if section.critic_checkpoint else "model.checkpoint"
-    try:
-        return from_pretrained(path, **kwargs, head="value", seed=config.seed + 1)
-    except (ValueError, OSError) as err:
-        raise ConfigError(f"{key}: {err}") from None
+    else:
+        key = "model.critic_checkpoint" if section.critic_checkpoint else "model.checkpoint"
+        try:
+            model = from_pretrained(path, **kwargs, head="value", seed=config.seed + 1)
+        except (ValueError, OSError) as err:
+            raise ConfigError(f"{key}: {err}") from None
+    if section.critic_lora is not None:
+        model = add_lora(model, section.critic_lora, rngs=nnx.Rngs(config.seed + 3))
+    return model
 
 
 def check_vocabulary(tokenizer: Any, policy: Decoder) -> None:

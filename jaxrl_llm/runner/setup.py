@@ -180,14 +180,39 @@ def update_row_groups(config: RunConfig, task: Any, policy_params: Any, mesh: An
     )
 
 
+def trainable_patterns(config: RunConfig, has_critic: bool) -> tuple[str, ...]:
+    r"""The regexes of the trainable parameter paths (`split_models`): `model.trainable` when
+    set; else, with adapters, each adapted model's adapters (with a reward model's scalar head
+    and a critic's value head) and the whole of a model without them; else () (everything).
+
+    Examples:
+      >>> from jaxrl_llm.runner.config import ModelSection
+      >>> from jaxrl_llm.models import LoRAConfig
+      >>> from jaxrl_llm.train import SFTConfig
+      >>> cfg = RunConfig(model=ModelSection(checkpoint="/m", lora=LoRAConfig(rank=2)),
+      ...                 sft=SFTConfig())
+      >>> print(*trainable_patterns(cfg, has_critic=True))
+      ^policy\..*_lora_[abm]$ ^value\.
+    """
+    if config.model.trainable:
+        return config.model.trainable
+    policy_lora = config.model.lora is not None or config.model.lora_adapter is not None
+    critic_lora = has_critic and config.model.critic_lora is not None
+    if not (policy_lora or critic_lora):
+        return ()
+    if policy_lora:
+        policy = (r"^policy\..*" + LORA_PATTERN,)
+        policy += (r"^policy\.head\.",) if config.kind == "reward_model" else ()
+    else:
+        policy = (r"^policy\.",)
+    if not has_critic:
+        return policy
+    critic = (r"^value\..*" + LORA_PATTERN, r"^value\.head\.") if critic_lora else (r"^value\.",)
+    return policy + critic
+
+
 def _split(config: RunConfig, policy: Any, critic: Any) -> tuple[Any, Any, Any]:
-    trainable = config.model.trainable
-    lora = config.model.lora is not None or config.model.lora_adapter is not None
-    if lora and not trainable:
-        # the adapters train; so do a reward model's scalar head and the whole critic
-        trainable = (LORA_PATTERN,)
-        trainable += (r"^policy\.head\.",) if config.kind == "reward_model" else ()
-        trainable += (r"^value\.",) if critic is not None else ()
+    trainable = trainable_patterns(config, critic is not None)
     try:
         return split_models(policy, critic, trainable=trainable, frozen=config.model.frozen)
     except ValueError as err:

@@ -4,7 +4,8 @@ plus the magnitudes `m`, so the run covers both; tests/models checks the formula
 weights stay bit for bit those of the initial model, the reference policy is the warm-started
 one (KL 0 at step 1, positive once the adapters moved), and the export is the merged model
 (`m / ‖W + s·A·B‖ ⊙ (W + s·A·B)` of the final adapters), a plain checkpoint, with the adapters
-alone in PEFT's format, from which a new run starts (`model.lora_adapter`)."""
+alone in PEFT's format, from which a new run starts (`model.lora_adapter`). PPO with
+`model.critic_lora` trains only the adapters and the value head of its separate critic."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 from flax import nnx
 
 from jaxrl_llm.cli import main
+from jaxrl_llm.config import ConfigError
 from jaxrl_llm.models import from_pretrained, merge_lora
 from jaxrl_llm.runner import load_run_config, prepare_run
 from tests.runner.helpers import CONFIGS, TINY, train_records
@@ -72,3 +74,43 @@ def test_grpo_trains_the_adapters_of_a_frozen_base_and_exports_the_merged_model(
     for name, value in merged.items():
         np.testing.assert_allclose(exported[name], value, rtol=1e-6, atol=1e-7, err_msg=name)
     assert not np.array_equal(exported["layers.attn.q"], initial["layers.attn.q"])
+
+
+PPO = str(CONFIGS / "ppo.yaml")
+CRITIC_LORA = [*TINY, "model.critic_lora={rank: 2, alpha: 4}", "checkpoint.every=2"]
+
+
+def test_ppo_trains_the_adapters_and_the_head_of_a_frozen_critic(tmp_path):
+    """`model.critic_lora`: the separate critic's adapters and value head train, its backbone
+    stays the initial model's; the policy (no `model.lora`) trains whole."""
+    assert main(["train", PPO, *CRITIC_LORA, "--run-dir", str(tmp_path)]) == 0
+    assert all(np.isfinite(r["loss/value"]) for r in train_records(tmp_path))
+    config = load_run_config(PPO, CRITIC_LORA, run_dir=str(tmp_path))
+    fresh = load_run_config(PPO, CRITIC_LORA, run_dir=str(tmp_path / "fresh"))
+    initial = prepare_run(fresh)  # the same seed: the models at step 0
+    initial.checkpointer.close()
+    prepared = prepare_run(config, resume=True)
+    prepared.checkpointer.close()
+    trained, start = _flat(prepared.state.params["value"]), _flat(initial.state.params["value"])
+    assert sorted(trained) == sorted(start)
+    assert all(n.endswith(("_lora_a", "_lora_b")) or n.startswith("head.") for n in trained)
+    assert "head.kernel" in trained and any(n.endswith("_lora_b") for n in trained)
+    for name in ("head.kernel", "backbone.layers.mlp.down_lora_b"):
+        assert not np.array_equal(trained[name], start[name]), name  # they moved
+    frozen, base = _flat(prepared.state.frozen["value"]), _flat(initial.state.frozen["value"])
+    assert "backbone.layers.attn.q" in frozen and sorted(frozen) == sorted(base)
+    for name, value in frozen.items():
+        np.testing.assert_array_equal(value, base[name], err_msg=name)
+    assert "layers.attn.q" in _flat(prepared.state.params["policy"])  # the policy trains whole
+
+
+@pytest.mark.parametrize(
+    "config, override",
+    [(GRPO, "model.critic_lora={rank: 2}"), (PPO, "algorithm.critic.kind=head")],
+)
+def test_critic_lora_needs_a_separate_critic(config, override):
+    overrides = [*TINY, override]
+    if config == PPO:
+        overrides.append("model.critic_lora={rank: 2}")
+    with pytest.raises(ConfigError, match=r"model\.critic_lora: only a separate critic"):
+        load_run_config(config, overrides, run_dir="/r")

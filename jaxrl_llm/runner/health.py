@@ -15,8 +15,9 @@ side then each loss term:
 
 Degenerate batches never produce NaN (every normaliser is clamped at 1), but they teach
 nothing; `degenerate_batch_warnings` names them for a log warning: no group with a reward
-spread, every completion truncated, every completion empty, every row dropped by a reward
-failure.
+spread and advantages all zero (a group-relative estimator; a critic's GAE or a KL in the reward
+still gives a signal), every completion truncated, every completion empty, every row dropped by
+a reward failure.
 """
 
 from __future__ import annotations
@@ -110,15 +111,18 @@ def degenerate_batch_warnings(metrics: Mapping[str, float]) -> list[str]:
     """Warnings for a batch without a learning signal (module docstring).
 
     Examples:
-      >>> degenerate_batch_warnings({"adv/frac_zero_std": 1.0, "response/truncated_frac": 0.5})
+      >>> degenerate_batch_warnings({"adv/frac_zero_std": 1.0, "adv/std": 0.0,
+      ...                            "response/truncated_frac": 0.5})
       ['every group has equal rewards: the advantages are 0 and this step changes nothing but the KL and entropy terms']
+      >>> degenerate_batch_warnings({"adv/frac_zero_std": 1.0, "adv/std": 1.0})  # PPO's GAE
+      []
       >>> degenerate_batch_warnings({"response/truncated_frac": 1.0, "response/empty_frac": 0.0})
       ['every completion hit sampling.max_new_tokens without a stop token']
     """
     out = []
     if metrics.get("reward/valid_frac", 1.0) == 0.0:
         out.append("every group was dropped by reward-function failures (rewards.on_failure)")
-    elif metrics.get("adv/frac_zero_std", 0.0) == 1.0:
+    elif metrics.get("adv/frac_zero_std", 0.0) == 1.0 and metrics.get("adv/std", 0.0) == 0.0:
         out.append(
             "every group has equal rewards: the advantages are 0 and this step changes nothing "
             "but the KL and entropy terms"

@@ -94,6 +94,9 @@ def test_diagnosis_and_degenerate_batches():
         "every completion is empty (the stop token came first)"
     ]
     assert degenerate_batch_warnings({"adv/frac_zero_std": 0.5}) == []
+    # equal rewards in every group, but a critic's GAE (or a KL in the reward) still gives
+    # advantages: no warning (PPO logged it at every all-zero-reward step before)
+    assert degenerate_batch_warnings({"adv/frac_zero_std": 1.0, "adv/std": 1.0}) == []
 
 
 def test_degenerate_batches_train_without_nan(tmp_path, caplog):

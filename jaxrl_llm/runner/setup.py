@@ -38,6 +38,7 @@ from jaxrl_llm.runner.preference import load_preference_eval_examples, load_pref
 from jaxrl_llm.runner.programs import prompt_group_size, update_program
 from jaxrl_llm.runner.task import load_task
 from jaxrl_llm.runner.warm_start import warm_start_policy
+from jaxrl_llm.sampler.config import with_stop_strings
 from jaxrl_llm.sampler.row_groups import call_flops, resolve_row_groups
 from jaxrl_llm.train import (
     TrainState,
@@ -143,11 +144,13 @@ def _check_processes(config: RunConfig) -> None:
 
 
 def _sampling(config: RunConfig, tokenizer: Any) -> Any:
-    """The training sampler: the tokenizer's EOS always stops a row, its pad id fills."""
+    """The training sampler: the tokenizer's EOS always stops a row, its pad id fills, and
+    `sampling.stop_strings` are matched with the tokenizer's vocabulary (`with_stop_strings`)."""
     import dataclasses
 
     stops = tuple(sorted({*config.sampling.stop_tokens, tokenizer.eos_id}))
-    return dataclasses.replace(config.sampling, stop_tokens=stops, pad_id=tokenizer.pad_id)
+    sampling = dataclasses.replace(config.sampling, stop_tokens=stops, pad_id=tokenizer.pad_id)
+    return with_stop_strings(sampling, tokenizer)
 
 
 def update_row_groups(config: RunConfig, task: Any, policy_params: Any, mesh: Any) -> int:

@@ -17,7 +17,7 @@ from flax import nnx
 
 from jaxrl_llm.models.decoder import Decoder
 from jaxrl_llm.sampler.buckets import bucket_length, left_pad
-from jaxrl_llm.sampler.config import SamplingConfig
+from jaxrl_llm.sampler.config import SamplingConfig, with_stop_strings
 from jaxrl_llm.sampler.core import sample_tokens
 from jaxrl_llm.sampler.rollout import Rollout
 from jaxrl_llm.sampler.row_groups import (
@@ -113,6 +113,8 @@ def generate(
     bucket_multiple: int | None = None,
     row_groups: int | None = None,
     merge_lora: bool = True,
+    stop_strings: Sequence[str] = (),
+    tokenizer: Any = None,
 ) -> Rollout:
     """Sample `num_samples` completions of each prompt with the compiled sampler.
 
@@ -140,6 +142,10 @@ def generate(
         `jaxrl_llm.sampler.row_groups`; the same rollout). None: automatic.
       merge_lora: fold a LoRA model's adapters into its weights once per call (the default);
         False applies them at every token (`SamplingConfig.merge_lora`).
+      stop_strings: texts that end a row once its completion contains one, however the
+        tokens spell it (`sampler.stop_strings`); needs `tokenizer`.
+      tokenizer: the `jaxrl_llm.tokenizer` tokenizer whose vocabulary `stop_strings` are
+        matched with.
 
     Returns:
       A `Rollout`.
@@ -179,7 +185,12 @@ def generate(
         bucket_multiple=bucket_multiple,
         row_groups=row_groups,
         merge_lora=merge_lora,
+        stop_strings=tuple(stop_strings),
     )
+    if config.stop_strings:
+        if tokenizer is None:
+            raise ValueError("generate: `stop_strings` need the `tokenizer` they are matched with.")
+        config = with_stop_strings(config, tokenizer)
     P = bucket_length(
         max(len(r) for r in rows), multiple=config.bucket_multiple, minimum=config.min_bucket
     )

@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from jaxrl_llm.sampler.stop_strings import StopStringTable
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SamplingConfig:
@@ -38,6 +40,13 @@ class SamplingConfig:
       num_samples: G completions per prompt; the prompt is prefilled once and its KV cache
         broadcast to the G rows (rows are prompt-major: row `b·G + g`).
       stop_tokens: token ids that end a row (the stop token is part of the completion).
+      stop_strings: texts that end a row once its completion's text contains one, however
+        the tokens spell it (`sampler.stop_strings`; the tokens that complete it are part of
+        the completion). They are matched by `stop_table`, which needs the tokenizer:
+        `with_stop_strings(config, tokenizer)` builds it (`sample_texts` and the training
+        runner do); `sample_tokens` refuses strings without their table.
+      stop_table: the compiled matcher of `stop_strings` (`stop_string_table`); set by
+        `with_stop_strings`, not by hand.
       pad_id: token id written after a row has stopped (never counted: its mask is 0).
       steps_per_loop: decode steps per `while_loop` iteration (partial unroll; the loop may
         run up to `steps_per_loop - 1` steps past the last row). XLA:CPU's loop overhead is
@@ -99,6 +108,8 @@ class SamplingConfig:
     min_p: float | None = None
     num_samples: int = 1
     stop_tokens: tuple[int, ...] = ()
+    stop_strings: tuple[str, ...] = ()
+    stop_table: StopStringTable | None = None
     pad_id: int = 0
     steps_per_loop: int = 1
     layer_unroll: int = 8
@@ -153,6 +164,21 @@ class SamplingConfig:
                 "SamplingConfig: `stop_tokens` must be a tuple of token ids >= 0, "
                 f"got {self.stop_tokens!r}."
             )
+        if not isinstance(self.stop_strings, tuple) or not all(
+            isinstance(t, str) and t for t in self.stop_strings
+        ):
+            raise ValueError(
+                "SamplingConfig: `stop_strings` must be a tuple of non-empty strings, "
+                f"got {self.stop_strings!r}."
+            )
+        table = self.stop_table
+        if table is not None and (
+            not isinstance(table, StopStringTable) or table.strings != self.stop_strings
+        ):
+            raise ValueError(
+                "SamplingConfig: `stop_table` does not match `stop_strings`; build it with "
+                "`with_stop_strings(config, tokenizer)`."
+            )
         object.__setattr__(self, "temperature", float(self.temperature))
 
     @property
@@ -166,6 +192,24 @@ class SamplingConfig:
         return not self.greedy and (
             self.top_k is not None or self.top_p is not None or bool(self.min_p)
         )
+
+
+def with_stop_strings(config: SamplingConfig, tokenizer: object) -> SamplingConfig:
+    """`config` with the matcher of its `stop_strings` for `tokenizer`'s vocabulary (the config
+    unchanged when it has none).
+
+    Examples:
+      >>> from jaxrl_llm.tokenizer import ByteTokenizer
+      >>> cfg = with_stop_strings(SamplingConfig(stop_strings=("</a>",)), ByteTokenizer())
+      >>> cfg.stop_table.window, cfg.stop_table.states
+      (4, 3)
+    """
+    from jaxrl_llm.sampler.stop_strings import cached_stop_string_table
+
+    if not config.stop_strings:
+        return dataclasses.replace(config, stop_table=None)
+    table = cached_stop_string_table(config.stop_strings, tokenizer)
+    return dataclasses.replace(config, stop_table=table)
 
 
 def _is_number(value: object) -> bool:

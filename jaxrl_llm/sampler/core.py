@@ -15,7 +15,8 @@ Program:
    rounded up to `steps_per_loop`). Before the loop, the layer weights are sliced out of the
    stacked parameters once (`decode.decode_layers`) and the rotary sines and cosines of every
    decode step are computed (`decode.decode_rope`).
-3. Decode: a `while_loop` that stops when every row is done (stop token or its own budget) or
+3. Decode: a `while_loop` that stops when every row is done (stop token, stop string
+   (`stop_strings.stop_string_hits` on the last tokens), or its own budget) or
    after `T'` steps (with `decode_phases > 1`, one `while_loop` per phase, the cache grown by
    empty slots between phases, `phase_ends`, so that attention reads only the slots that the
    phase can have filled). Each iteration runs `steps_per_loop` steps (an unrolled `lax.scan`);
@@ -58,6 +59,7 @@ from jaxrl_llm.sampler.decode import (
 )
 from jaxrl_llm.sampler.filters import draw_tokens, row_uniforms
 from jaxrl_llm.sampler.rollout import Rollout
+from jaxrl_llm.sampler.stop_strings import stop_string_hits
 from sharding import ACTIVATION_AXIS_RULES, logical_to_spec, shard
 
 Array = jax.Array
@@ -72,6 +74,8 @@ class _DecodeState(NamedTuple):
     tokens: Array  # [N, T'] int32
     logprobs: Array  # [N, T'] float32
     sampling_logprobs: Array  # [N, T'] float32
+    recent: Array | None  # [N, W] int32, the last W tokens (stop strings only)
+    string_stop: Array | None  # [N] bool, the row completed a stop string (stop strings only)
 
 
 def _row_keys(key: Any, n: int) -> Array:
@@ -273,6 +277,12 @@ def sample_tokens(
       ((6, 8), (6, 5), (6,))
     """
     tokens_in, mask = _check_prompts(prompt_tokens, prompt_mask)
+    table = config.stop_table
+    if config.stop_strings and table is None:
+        raise ValueError(
+            "sample_tokens: `stop_strings` need their matcher, built from the tokenizer: pass "
+            "`with_stop_strings(config, tokenizer)` (sample_texts and the runner do)."
+        )
     tokens_in, mask = shard(tokens_in, _ROW_TIME), shard(mask, _ROW_TIME)
     if config.gather_weights:
         state = compute_layout(state)  # gather FSDP shards once, not in every decode step
@@ -322,6 +332,11 @@ def sample_tokens(
         token = jnp.where(active, draw.tokens, config.pad_id)
         lengths = s.lengths + active.astype(jnp.int32)
         done = s.done | (active & _is_stop(token, config.stop_tokens)) | (lengths >= budgets)
+        recent, string_stop = s.recent, s.string_stop
+        if table is not None:
+            recent = jnp.concatenate([s.recent[:, 1:], token[:, None]], axis=1)
+            string_stop = s.string_stop | (active & stop_string_hits(table, recent, lengths))
+            done = done | string_stop
         rope = jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, s.step, 1, 1), rope_table)
         hidden, cache = decode_step(
             model, layers, token, prompt_lengths + s.step, active, s.cache, rope
@@ -341,6 +356,8 @@ def sample_tokens(
             sampling_logprobs=record(
                 s.sampling_logprobs, jnp.where(active, draw.sampling_logprobs, 0.0)
             ),
+            recent=recent,
+            string_stop=string_stop,
         ), None
 
     def body(s: _DecodeState) -> _DecodeState:
@@ -356,6 +373,8 @@ def sample_tokens(
         tokens=shard(jnp.full((N, T_loop), config.pad_id, jnp.int32), _ROW_TIME),
         logprobs=shard(jnp.zeros((N, T_loop), jnp.float32), _ROW_TIME),
         sampling_logprobs=shard(jnp.zeros((N, T_loop), jnp.float32), _ROW_TIME),
+        recent=None if table is None else shard(jnp.zeros((N, table.window), jnp.int32), _ROW_TIME),
+        string_stop=None if table is None else shard(jnp.zeros((N,), bool), _ROW),
     )
     final = start  # one while_loop per phase; the cache grows between them
     for j, end in enumerate(ends):
@@ -369,6 +388,8 @@ def sample_tokens(
     completion_mask = jnp.arange(T)[None, :] < final.lengths[:, None]
     last = jnp.take_along_axis(completion, jnp.maximum(final.lengths - 1, 0)[:, None], axis=1)
     stopped = (final.lengths > 0) & _is_stop(last[:, 0], config.stop_tokens)
+    if table is not None:
+        stopped = stopped | final.string_stop
     return Rollout(
         tokens=jnp.concatenate([repeat_rows(tokens_in, G, 0, _ROW_TIME), completion], axis=1),
         prompt_mask=repeat_rows(mask, G, 0, _ROW_TIME),

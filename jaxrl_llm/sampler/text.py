@@ -40,13 +40,15 @@ def sample_texts(
     max_new_tokens: int,
     num_samples: int = 1,
     stop_tokens: Sequence[int] | None = None,
+    stop_strings: Sequence[str] = (),
     **sampling: Any,
 ) -> list[TextSample]:
     """Sample `num_samples` completions of each prompt text and decode them.
 
     Prompts go through `tokenizer.render` (the chat template when the tokenizer has one on)
     and `tokenizer.encode`. Stop tokens default to the tokenizer's EOS (plus the model
-    config's `eos_token_id`); the stop token is not part of the decoded text.
+    config's `eos_token_id`); the stop token is not part of the decoded text, a stop string is
+    (the text ends with it).
 
     Args:
       model: a `Decoder`.
@@ -56,6 +58,7 @@ def sample_texts(
       max_new_tokens: the completion budget.
       num_samples: completions per prompt.
       stop_tokens: ids that end a completion (None: EOS as above).
+      stop_strings: texts that end a completion once it contains one (`generate`).
       **sampling: `temperature`, `top_k`, `top_p`, `min_p` (see `generate`).
 
     Returns:
@@ -86,6 +89,8 @@ def sample_texts(
         num_samples=num_samples,
         stop_tokens=stop_tokens,
         pad_id=tokenizer.pad_id,
+        stop_strings=stop_strings,
+        tokenizer=tokenizer,
         **sampling,
     )
     tokens = np.asarray(rollout.completion_tokens)
@@ -95,8 +100,8 @@ def sample_texts(
     out = []
     for n in range(len(rows) * num_samples):
         ids = tokens[n, : lengths[n]].tolist()
-        if ids and not truncated[n]:
-            ids = ids[:-1]  # the stop token
+        if ids and not truncated[n] and ids[-1] in stop_tokens:
+            ids = ids[:-1]  # the stop token (a stop string stays in the text)
         out.append(
             TextSample(
                 prompt_index=n // num_samples,

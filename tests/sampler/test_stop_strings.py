@@ -19,7 +19,6 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxrl_llm.models import Decoder, ModelConfig
 from jaxrl_llm.sampler import SamplingConfig, generate, sample_tokens, with_stop_strings
 from jaxrl_llm.sampler.stop_strings import (
     stop_string_hits,
@@ -27,6 +26,7 @@ from jaxrl_llm.sampler.stop_strings import (
     tokenizer_token_bytes,
 )
 from jaxrl_llm.tokenizer import ByteTokenizer, HFTokenizer
+from tests.sampler.helpers import tiny_model
 
 SEP = b"\x00"  # stands for a special token in the reference text (not in the alphabet)
 
@@ -71,17 +71,7 @@ def test_the_automaton_stops_where_a_string_ends_inside_the_newest_token(seed):
 
 
 def test_generate_stops_at_the_first_token_that_completes_a_string():
-    cfg = ModelConfig(
-        family="qwen3",
-        vocab_size=259,
-        hidden_size=16,
-        intermediate_size=32,
-        num_layers=1,
-        num_heads=2,
-        num_kv_heads=1,
-        head_dim=8,
-    )
-    model, tok = Decoder(cfg, rngs=nnx.Rngs(0)), ByteTokenizer()
+    model, tok = tiny_model(vocab=259, layers=1, std=0.1), ByteTokenizer()
     prompts = [tok.encode("hello"), tok.encode("ab")]
     strings = [*"abcdefghijk", "xy", "é"]  # "é" is two bytes, never one of them alone
     common = dict(max_new_tokens=40, key=jax.random.key(1), num_samples=4, temperature=3.0)
@@ -183,17 +173,7 @@ def test_bad_stop_string_settings_are_named():
     other = with_stop_strings(SamplingConfig(stop_strings=("cd",)), tok)
     with pytest.raises(ValueError, match="`stop_table` does not match `stop_strings`"):
         SamplingConfig(stop_strings=("ab",), stop_table=other.stop_table)
-    cfg = ModelConfig(
-        family="qwen3",
-        vocab_size=259,
-        hidden_size=8,
-        intermediate_size=16,
-        num_layers=1,
-        num_heads=2,
-        num_kv_heads=1,
-        head_dim=4,
-    )
-    graphdef, state = nnx.split(Decoder(cfg, rngs=nnx.Rngs(0)))
+    graphdef, state = nnx.split(tiny_model(vocab=259, layers=1))
     prompts, mask = jnp.array([[1, 2]]), jnp.ones((1, 2), bool)
     with pytest.raises(ValueError, match="`stop_strings` need their matcher"):
         sample_tokens(graphdef, state, prompts, mask, jax.random.key(0), config=config)

@@ -275,6 +275,12 @@ def _add_sample_parser(sub: Any) -> None:
     sample.add_argument("--top-p", type=float, default=None)
     sample.add_argument("--min-p", type=float, default=None)
     sample.add_argument("--num-samples", type=int, default=1, help="completions per prompt")
+    sample.add_argument(
+        "--stop",
+        action="append",
+        default=None,
+        help="a stop string: a completion ends once its text contains it (repeat for several)",
+    )
     sample.add_argument("--seed", type=int, default=0)
     sample.add_argument("--dtype", default="float32", help="compute dtype: float32 or bfloat16")
     sample.add_argument(
@@ -319,6 +325,7 @@ def _sample(args: argparse.Namespace) -> int:
             top_k=args.top_k,
             top_p=args.top_p,
             min_p=args.min_p,
+            stop_strings=tuple(args.stop or ()),
         )
     except ValueError as err:
         print(f"jaxrl-llm sample: {err}", file=sys.stderr)

@@ -87,6 +87,24 @@ def test_greedy_text_is_the_decoded_greedy_rollout(checkpoint, capsys):
     assert header.startswith("[prompt 0 sample 0]") and text == sample.text + "\n"
 
 
+def test_stop_strings_reach_the_sampler(checkpoint, capsys):
+    tok, model, letters = ByteTokenizer(), from_pretrained(checkpoint), tuple("abcdefghijklm")
+    common = dict(key=jax.random.key(2), max_new_tokens=24, num_samples=4)
+    samples = sample_texts(model, tok, ["hello"], stop_strings=letters, **common)
+    for s in samples:  # each text ends at its first string, or holds none (EOS, budget)
+        ends = [s.text.find(x) + len(x) for x in letters if x in s.text]
+        assert not ends or (min(ends) == len(s.text) and not s.truncated), s
+    assert any(s.text.endswith(letters) for s in samples)  # the strings were used
+    argv = ["sample", checkpoint, "--tokenizer", "byte", "--prompt", "hello", "--seed", "2"]
+    argv += ["--max-new-tokens", "24", "--num-samples", "4"]
+    assert main([*argv, *(a for x in letters for a in ("--stop", x))]) == 0
+    lines = capsys.readouterr().out.split("\n")
+    ends = [f"{s.num_tokens} tokens" for s in samples]
+    assert [
+        line.split(", ")[0].split("] ")[1] for line in lines if line.startswith("[prompt")
+    ] == ends
+
+
 def test_sample_command_reports_bad_input_with_exit_status_2(checkpoint, tmp_path, capsys):
     assert main(["sample", str(tmp_path), "--tokenizer", "byte", "--prompt", "x"]) == 2
     assert "jaxrl-llm sample:" in capsys.readouterr().err

@@ -45,6 +45,16 @@ Logits: `2 · 4 · V/t` bytes per completion token (float32 logits and their cot
 `min(m/(d·f) · T, logits_chunk)` tokens (only completion positions are scored; the update
 step's `chunk_size` positions of `m/(d·f)` rows give `logits_chunk = m/(d·f) · chunk_size`).
 
+PPO's separate critic (`critic`: a `ValueModel` of the policy's architecture, `critic_shapes`:
+the decoder without its LM head, plus a `[D, 1]` value head; `‖C‖` its elements) adds
+`‖C‖_dev · b_p` of parameters, `2 · ‖C_trained‖_dev · b_o` of AdamW moments and
+`‖C_trained‖_dev · b_p` of gradients (`C_trained`: the whole critic, or with `critic_lora_rank`
+its adapters and head), and the saved activations of its forward, which runs beside the
+policy's in the update (`saved` above, without logits). Its time: one forward over the `N · S`
+tokens for the rollout's values, `6·C_mm` (LoRA: `4·C_mm`) plus the attention passes per token
+in the update, and its gathers, gradient reductions and activation all-reduces beside the
+policy's.
+
 Peak = max(sampling phase, training phase). Sampling holds params + optimizer + reference +
 sampler weights + KV cache + workspace; training holds params + optimizer + gradients +
 reference + layer buffers + activations. The sampling workspace is the larger of the decode

@@ -14,6 +14,7 @@ from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.plan.devices import DEVICES, DeviceSpec
 from jaxrl_llm.plan.shapes import (
     _per_device_elements,
+    critic_shapes,
     lora_shapes,
     parameter_shapes,
     resolve_model,
@@ -50,6 +51,8 @@ class PlanConfig:
     remat: Remat = "full"
     reference: bool = False  # frozen reference policy for a KL term
     lora_rank: int | None = None  # train LoRA adapters of this rank on every projection
+    critic: bool = False  # PPO's separate critic (`critic.kind: model`), trained alongside
+    critic_lora_rank: int | None = None  # the critic's LoRA adapters (`model.critic_lora`)
     logits_chunk: int | None = None  # tokens per device whose logits exist at once; None: all
     attention_chunk: int | None = None  # queries per attention block (model.attention_chunk)
     mfu: float = 0.4
@@ -84,12 +87,15 @@ class PlanConfig:
             raise ValueError(
                 f"PlanConfig.remat must be 'none', 'dots' or 'full', got {self.remat!r}."
             )
-        for name in ("micro_batch", "logits_chunk", "attention_chunk", "lora_rank"):
+        names = ("micro_batch", "logits_chunk", "attention_chunk", "lora_rank", "critic_lora_rank")
+        for name in names:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(
                     f"PlanConfig.{name} must be a positive int or None, got {value!r}."
                 )
+        if self.critic_lora_rank is not None and not self.critic:
+            raise ValueError("PlanConfig.critic_lora_rank needs critic=True (a separate critic).")
         for name in ("mfu", "bandwidth_efficiency"):
             if not 0 < getattr(self, name) <= 1:
                 raise ValueError(
@@ -278,6 +284,11 @@ class _Sizes(NamedTuple):
     a_t: int  # the same, split over tensor only
     trained_dev: int  # trained elements per device: the adapters with LoRA, else every weight
     trained_t: int  # the same, split over tensor only
+    critic_dev: int  # the separate critic's elements per device, its adapters included (0: none)
+    critic_t: int  # its weights split over tensor only (what an FSDP gather assembles)
+    critic_trained_dev: int  # its trained elements per device (adapters and head with LoRA)
+    critic_trained_t: int  # the same, split over tensor only
+    critic_mm: int  # the critic's weights that take part in matmuls (all but the embedding)
 
 
 def _sizes(config: ModelConfig, plan: PlanConfig) -> _Sizes:
@@ -291,6 +302,11 @@ def _sizes(config: ModelConfig, plan: PlanConfig) -> _Sizes:
     adapters = lora_shapes(config, plan.lora_rank) if plan.lora_rank else ()
     a_dev, a_t = _per_device_elements(adapters, mesh), _per_device_elements(adapters, tensor_only)
     w_dev, w_t = _per_device_elements(params, mesh), _per_device_elements(params, tensor_only)
+    critic = critic_shapes(config) if plan.critic else ()
+    head = tuple(p for p in critic if p.path == "head.kernel")
+    c_adapters = lora_shapes(config, plan.critic_lora_rank) if plan.critic_lora_rank else ()
+    c_trained = (*c_adapters, *head) if c_adapters else critic
+    embed = config.vocab_size * config.hidden_size
     return _Sizes(
         num_params=sum(math.prod(p.shape) for p in params),
         w_dev=w_dev,
@@ -304,6 +320,11 @@ def _sizes(config: ModelConfig, plan: PlanConfig) -> _Sizes:
         a_t=a_t,
         trained_dev=a_dev if adapters else w_dev,
         trained_t=a_t if adapters else w_t,
+        critic_dev=_per_device_elements((*critic, *c_adapters), mesh),
+        critic_t=_per_device_elements(critic, tensor_only),
+        critic_trained_dev=_per_device_elements(c_trained, mesh),
+        critic_trained_t=_per_device_elements(c_trained, tensor_only),
+        critic_mm=sum(math.prod(p.shape) for p in (*critic, *c_adapters)) - embed * bool(critic),
     )
 
 
@@ -324,6 +345,12 @@ def _memory(config: ModelConfig, plan: PlanConfig, z: _Sizes) -> dict[str, float
         "activations": acts["saved"] + acts["working"] + acts["logits"],
         "sampler_weights": (z.w_t + z.a_t) * bc,
         "kv_cache": 2 * L * z.rows * S * z.kv_heads * Hd * bc,
+        "critic_params": z.critic_dev * bp,
+        "critic_optimizer": 2 * z.critic_trained_dev * bo,
+        "critic_gradients": z.critic_trained_dev * bp,
+        # the critic's forward runs beside the policy's in the update: its saved residuals
+        # stay until the backward pass (no logits; one layer is recomputed at a time)
+        "critic_activations": acts["saved"] if plan.critic else 0.0,
     }
     # prefill: one layer of B/(d·f) prompts live at a time, with float32 [P, P] attention logits
     prefill_rows = math.ceil(plan.batch / (d * f))
@@ -334,11 +361,17 @@ def _memory(config: ModelConfig, plan: PlanConfig, z: _Sizes) -> dict[str, float
     decode = z.rows * (2 * 4 * vocab + 4 * (H / t) * S)
     memory["sampling_workspace"] = max(prefill, decode)
     resident = memory["params"] + memory["optimizer"] + memory["reference"]
+    resident += memory["critic_params"] + memory["critic_optimizer"]
     memory["sampling_peak"] = (
         resident + memory["sampler_weights"] + memory["kv_cache"] + memory["sampling_workspace"]
     )
     memory["training_peak"] = (
-        resident + memory["gradients"] + memory["layer_buffers"] + memory["activations"]
+        resident
+        + memory["gradients"]
+        + memory["layer_buffers"]
+        + memory["activations"]
+        + memory["critic_gradients"]
+        + memory["critic_activations"]
     )
     memory["peak"] = max(memory["sampling_peak"], memory["training_peak"])
     return memory
@@ -366,22 +399,26 @@ def _time(
     tokens = N * S
     passes = (plan.epochs * plan.minibatches > 1) + plan.reference
     logprob_s = passes * tokens * (2 * w_mm + attn * S) / (n * flops)
+    if plan.critic:  # the values of the rollout, before the update
+        logprob_s += tokens * (2 * z.critic_mm + attn * S) / (n * flops)
     remat_factor = 4 / 3 if plan.remat == "full" else 1.0
     attention_passes = 3 if plan.attention_chunk is None else 4  # blocks: one more forward
     weight_passes = 4 if plan.lora_rank else 6  # LoRA: no weight gradient of the base
-    train_s = (
-        plan.epochs
-        * tokens
-        * (weight_passes * w_mm + attention_passes * attn * S)
-        * remat_factor
-        / (n * flops)
-    )
+    per_token = weight_passes * w_mm + attention_passes * attn * S
+    if plan.critic:  # the critic's forward and backward in the same update
+        critic_passes = 4 if plan.critic_lora_rank else 6
+        per_token += critic_passes * z.critic_mm + attention_passes * attn * S
+    train_s = plan.epochs * tokens * per_token * remat_factor / (n * flops)
 
     gathers = 3 if plan.remat == "full" else 2
-    fsdp_bytes = (gathers * z.w_t * bc + z.trained_t * bp) * (f - 1) / f
-    data_bytes = 2 * z.trained_dev * bp * (d - 1) / d
-    # tensor parallelism: two all-reduces of [tokens, D] per layer and pass
-    tensor_bytes = gathers * 2 * L * 2 * (t - 1) / t * z.micro_rows * S * config.hidden_size * bc
+    weights_t = z.w_t + z.critic_t
+    fsdp_bytes = (gathers * weights_t * bc + (z.trained_t + z.critic_trained_t) * bp) * (f - 1) / f
+    data_bytes = 2 * (z.trained_dev + z.critic_trained_dev) * bp * (d - 1) / d
+    # tensor parallelism: two all-reduces of [tokens, D] per layer and pass (and model)
+    models = 2 if plan.critic else 1
+    tensor_bytes = (
+        models * gathers * 2 * L * 2 * (t - 1) / t * z.micro_rows * S * config.hidden_size * bc
+    )
     train_comm_s = (plan.epochs * N // z.micro) * (
         fsdp_bytes / _axis_bandwidth(device, plan.mesh, 1)
         + data_bytes / _axis_bandwidth(device, plan.mesh, 0)

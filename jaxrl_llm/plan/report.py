@@ -22,6 +22,10 @@ _MEMORY_ROWS = (
     ("sampler_weights", "sampler weights ({compute}, split over tensor)"),
     ("kv_cache", "KV cache ({compute})"),
     ("sampling_workspace", "sampling workspace"),
+    ("critic_params", "critic parameters ({param})"),
+    ("critic_optimizer", "critic AdamW moments (2 × {opt})"),
+    ("critic_gradients", "critic gradients ({param})"),
+    ("critic_activations", "critic training activations"),
 )
 
 
@@ -47,11 +51,17 @@ def format_plan(p: Plan) -> str:
             f"; LoRA rank {c.lora_rank} on every projection (only the adapters train)"
             if c.lora_rank
             else ""
+        )
+        + (
+            "; a separate critic"
+            + (f" with LoRA rank {c.critic_lora_rank}" if c.critic_lora_rank else "")
+            if c.critic
+            else ""
         ),
         "memory per device (GiB):",
     ]
     for key, label in _MEMORY_ROWS:
-        if key == "reference" and not c.reference:
+        if (key == "reference" and not c.reference) or (key.startswith("critic") and not c.critic):
             continue
         text = label.format(**labels, remat=c.remat)
         lines.append(f"  {text:<46} {m[key] / GiB:9.2f}")
@@ -147,6 +157,10 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--remat", default=PlanConfig.remat, choices=["none", "dots", "full"])
     p.add_argument("--reference", action="store_true", help="hold a frozen KL reference policy")
     p.add_argument("--lora-rank", type=int, default=None, help="train LoRA adapters of this rank")
+    p.add_argument("--critic", action="store_true", help="PPO's separate critic (a value model)")
+    p.add_argument(
+        "--critic-lora-rank", type=int, default=None, help="the critic's LoRA adapters' rank"
+    )
     p.add_argument("--logits-chunk", type=int, default=None, help="tokens of logits at once")
     p.add_argument("--attention-chunk", type=int, default=None, help="queries per attention block")
     p.add_argument("--mfu", type=float, default=PlanConfig.mfu)
@@ -180,6 +194,8 @@ def run(args: argparse.Namespace) -> int:
             remat=args.remat,
             reference=args.reference,
             lora_rank=args.lora_rank,
+            critic=args.critic,
+            critic_lora_rank=args.critic_lora_rank,
             logits_chunk=args.logits_chunk,
             attention_chunk=args.attention_chunk,
             mfu=args.mfu,

@@ -191,6 +191,24 @@ def lora_shapes(config: ModelConfig, rank: int) -> tuple[ParamShape, ...]:
     return tuple(out)
 
 
+def critic_shapes(config: ModelConfig) -> tuple[ParamShape, ...]:
+    """The parameters of PPO's separate critic, `ValueModel(config)`: the decoder without its
+    LM head (`backbone.*`) and the value head `head.kernel [D, 1]`.
+
+    Examples:
+      >>> cfg = ModelConfig(family="llama", vocab_size=11, hidden_size=8, intermediate_size=16,
+      ...                   num_layers=2, num_heads=2, num_kv_heads=1, head_dim=4)
+      >>> [p.path for p in critic_shapes(cfg)][-2:]
+      ['backbone.final_norm.scale', 'head.kernel']
+    """
+    backbone = tuple(
+        ParamShape(f"backbone.{p.path}", p.shape, p.names)
+        for p in parameter_shapes(config)
+        if p.path != "lm_head"
+    )
+    return (*backbone, ParamShape("head.kernel", (config.hidden_size, 1), ("embed", None)))
+
+
 def _per_device_elements(params: tuple[ParamShape, ...], mesh: AbstractMesh) -> int:
     total = 0
     for p in params:

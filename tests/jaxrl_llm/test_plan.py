@@ -23,6 +23,7 @@ from jaxrl_llm.plan import (
     resolve_model,
     suggest_meshes,
 )
+from jaxrl_llm.plan.shapes import critic_shapes, lora_shapes
 
 BASE = {
     "vocab_size": 48,
@@ -424,3 +425,77 @@ def test_lora_memory_and_time_follow_the_formulas():
     np.testing.assert_allclose(
         p.time["training_s"] / full.time["training_s"], (4 * w_mm + attn) / (6 * w_mm + attn)
     )
+
+
+@pytest.mark.parametrize("name", ["llama_bias_untied", "qwen2_tied", "gemma2"])
+def test_critic_shapes_are_the_value_models_parameters(name):
+    from jaxrl_llm.models import ValueModel
+
+    config = FAMILIES[name]
+    state = nnx.state(nnx.eval_shape(lambda: ValueModel(config, rngs=nnx.Rngs(0))), nnx.Param)
+    actual = {
+        ".".join(map(str, key)): (var.get_value().shape, tuple(var.get_metadata()["out_sharding"]))
+        for key, var in nnx.to_flat_state(state)
+    }
+    assert {p.path: (p.shape, p.names) for p in critic_shapes(config)} == actual
+
+
+def test_critic_memory_and_time_follow_the_formulas():
+    """A separate critic on (2, 4, 2): the policy's weights less the LM head plus a [D, 1]
+    value head (counted by hand from the rule table), its AdamW moments and gradients, the
+    saved activations of its forward, one more forward for the rollout's values and its
+    6·C_mm (LoRA: 4·C_mm, only the adapters and the head trained) in the update."""
+    config = ModelConfig(
+        family="llama", vocab_size=1000, hidden_size=64, intermediate_size=96, num_layers=5,
+        num_heads=8, num_kv_heads=4, head_dim=16,
+    )  # fmt: skip
+    d, f, t, r = 2, 4, 2, 4
+    L, D, F, H, K, Hd, V = 5, 64, 96, 8, 4, 16, 1000
+    plan = PlanConfig(
+        mesh=(d, f, t), prompt_len=24, completion_len=40, batch=8, group_size=4, micro_batch=16,
+    )  # fmt: skip
+    alone = estimate(config, plan, "h100")
+    p = estimate(config, dataclasses.replace(plan, critic=True), "h100")
+    c_dev = reference_elements(config, (d, f, t)) - D // f * V // t + D // f
+    assert p.memory["critic_params"] == c_dev * 4
+    assert p.memory["critic_optimizer"] == 2 * c_dev * 4
+    assert p.memory["critic_gradients"] == c_dev * 4
+    saved = p.memory["critic_activations"]
+    assert 0 < saved < p.memory["activations"]  # the policy's also holds logits
+    critic = p.memory["critic_params"] + p.memory["critic_optimizer"]
+    np.testing.assert_allclose(
+        p.memory["training_peak"] - alone.memory["training_peak"],
+        critic + p.memory["critic_gradients"] + saved,
+    )
+    np.testing.assert_allclose(p.memory["sampling_peak"] - alone.memory["sampling_peak"], critic)
+    w_mm = sum(math.prod(s.shape) for s in parameter_shapes(config)) - V * D
+    c_mm = w_mm - D * V + D  # no LM head; the value head
+    attn = 3 * 4 * L * H * Hd * 64  # three attention passes per position, per model
+    np.testing.assert_allclose(
+        p.time["training_s"] / alone.time["training_s"],
+        (6 * w_mm + attn + 6 * c_mm + attn) / (6 * w_mm + attn),
+    )
+    tokens, fwd = 32 * 64, 4 * L * H * Hd * 64
+    flops = DEVICES["h100"].peak_flops * plan.mfu * d * f * t
+    np.testing.assert_allclose(
+        p.time["logprob_s"] - alone.time["logprob_s"], tokens * (2 * c_mm + fwd) / flops
+    )
+
+    lora = estimate(config, dataclasses.replace(plan, critic=True, critic_lora_rank=r), "h100")
+    adapters = L * (
+        (D // f * r + r * H // t * Hd)
+        + 2 * (D // f * r + r * K // t * Hd)
+        + (H // t * Hd * r + r * D // f)
+        + 2 * (D // f * r + r * F // t)
+        + (F // t * r + r * D // f)
+    )
+    assert lora.memory["critic_params"] == (c_dev + adapters) * 4
+    assert lora.memory["critic_optimizer"] == 2 * (adapters + D // f) * 4
+    assert lora.memory["critic_gradients"] == (adapters + D // f) * 4
+    lora_mm = c_mm + sum(math.prod(s.shape) for s in lora_shapes(config, r))
+    np.testing.assert_allclose(
+        lora.time["training_s"] / alone.time["training_s"],
+        (6 * w_mm + attn + 4 * lora_mm + attn) / (6 * w_mm + attn),
+    )
+    with pytest.raises(ValueError, match="critic_lora_rank needs critic=True"):
+        PlanConfig(critic_lora_rank=4)

@@ -117,7 +117,7 @@ def degenerate_batch_warnings(metrics: Mapping[str, float]) -> list[str]:
       >>> degenerate_batch_warnings({"adv/frac_zero_std": 1.0, "adv/std": 1.0})  # PPO's GAE
       []
       >>> degenerate_batch_warnings({"response/truncated_frac": 1.0, "response/empty_frac": 0.0})
-      ['every completion hit sampling.max_new_tokens without a stop token']
+      ['every completion hit sampling.max_new_tokens without a stop token or stop string']
     """
     out = []
     if metrics.get("reward/valid_frac", 1.0) == 0.0:
@@ -128,7 +128,9 @@ def degenerate_batch_warnings(metrics: Mapping[str, float]) -> list[str]:
             "but the KL and entropy terms"
         )
     if metrics.get("response/truncated_frac", 0.0) == 1.0:
-        out.append("every completion hit sampling.max_new_tokens without a stop token")
+        out.append(
+            "every completion hit sampling.max_new_tokens without a stop token or stop string"
+        )
     if metrics.get("response/empty_frac", 0.0) == 1.0:
         out.append("every completion is empty (the stop token came first)")
     return out

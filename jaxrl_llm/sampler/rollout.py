@@ -49,7 +49,7 @@ class Rollout(NamedTuple):
     logprobs: Array  # [N, T] float32, log π(y)/τ-policy, unfiltered
     sampling_logprobs: Array  # [N, T] float32, under the filtered sampling distribution
     lengths: Array  # [N] int32, completion tokens that count
-    truncated: Array  # [N] bool, budget reached without a stop token
+    truncated: Array  # [N] bool, budget reached without a stop token or stop string
 
     @property
     def attention_mask(self) -> Array:

@@ -96,7 +96,13 @@ from jaxrl_llm.runner.scoring import (
     process_groups,
     reward_metrics,
 )
-from jaxrl_llm.runner.setup import PreparedRun, build_context, prepare_run, update_row_groups
+from jaxrl_llm.runner.setup import (
+    PreparedRun,
+    build_context,
+    prepare_run,
+    trainable_patterns,
+    update_row_groups,
+)
 from jaxrl_llm.runner.signals import GracefulStop
 from jaxrl_llm.runner.task import TaskData, load_task, prompt_batch, sft_batch
 from jaxrl_llm.runner.warm_start import warm_start_hash, warm_start_policy
@@ -173,6 +179,7 @@ __all__ = [
     "sft_batch",
     "task_arrays",
     "train",
+    "trainable_patterns",
     "update_program",
     "update_row_groups",
     "value_program",

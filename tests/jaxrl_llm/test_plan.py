@@ -60,14 +60,19 @@ FAMILIES = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(FAMILIES))
-def test_parameter_shapes_are_the_models_parameters(name):
-    config = FAMILIES[name]
-    state = nnx.state(nnx.eval_shape(lambda: Decoder(config, rngs=nnx.Rngs(0))), nnx.Param)
-    actual = {
+def model_shapes(factory):
+    """`{path: (shape, logical axes)}` of every parameter of the module `factory()` builds."""
+    state = nnx.state(nnx.eval_shape(factory), nnx.Param)
+    return {
         ".".join(map(str, key)): (var.get_value().shape, tuple(var.get_metadata()["out_sharding"]))
         for key, var in nnx.to_flat_state(state)
     }
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_parameter_shapes_are_the_models_parameters(name):
+    config = FAMILIES[name]
+    actual = model_shapes(lambda: Decoder(config, rngs=nnx.Rngs(0)))
     planned = {p.path: (p.shape, p.names) for p in parameter_shapes(config)}
     assert planned == actual
     count = sum(math.prod(shape) for shape, _ in actual.values())
@@ -378,12 +383,7 @@ def test_lora_shapes_are_the_adapters_of_add_lora():
     def adapted():
         return add_lora(Decoder(config, rngs=nnx.Rngs(0)), LoRAConfig(rank=3), rngs=nnx.Rngs(1))
 
-    state = nnx.state(nnx.eval_shape(adapted), nnx.Param)
-    actual = {
-        ".".join(map(str, key)): (var.get_value().shape, tuple(var.get_metadata()["out_sharding"]))
-        for key, var in nnx.to_flat_state(state)
-        if "_lora_" in str(key[-1])
-    }
+    actual = {path: v for path, v in model_shapes(adapted).items() if "_lora_" in path}
     assert {p.path: (p.shape, p.names) for p in lora_shapes(config, 3)} == actual
 
 
@@ -432,11 +432,7 @@ def test_critic_shapes_are_the_value_models_parameters(name):
     from jaxrl_llm.models import ValueModel
 
     config = FAMILIES[name]
-    state = nnx.state(nnx.eval_shape(lambda: ValueModel(config, rngs=nnx.Rngs(0))), nnx.Param)
-    actual = {
-        ".".join(map(str, key)): (var.get_value().shape, tuple(var.get_metadata()["out_sharding"]))
-        for key, var in nnx.to_flat_state(state)
-    }
+    actual = model_shapes(lambda: ValueModel(config, rngs=nnx.Rngs(0)))
     assert {p.path: (p.shape, p.names) for p in critic_shapes(config)} == actual
 
 

@@ -35,7 +35,6 @@ OVERRIDES = [
     "mesh={data: 2, fsdp: 2, tensor: 1, axis_types: auto}",
     "warm_start={steps: 2, learning_rate: 0.01, batch_size: 4}",
 ]
-FAST_COMPILE = {"JAX_DISABLE_MOST_OPTIMIZATIONS": "1"}
 TOLERANCE = 1e-5  # the same SPMD programs; only the collectives' summation order differs
 CLOCKS = ("time/", "perf/", "wall", "elapsed")  # the only values that may differ
 CONFIG = CONFIGS / "ppo_value_head_adaptive_kl.yaml"  # 2 minibatches × 2 micro-batches
@@ -49,13 +48,12 @@ def test_two_processes_train_like_one_process(tmp_path):
     job, single = tmp_path / "job", tmp_path / "single"
 
     def single_process_run():
-        return run_on_devices("jaxrl_llm", *_train_args(single), devices=4, env=FAST_COMPILE)
+        return run_on_devices("jaxrl_llm", *_train_args(single), devices=4)
 
     outputs, _, single_out = run_two_processes(
         "jaxrl_llm",
         *_train_args(job),
         devices=2,
-        env=FAST_COMPILE,
         timeout=600,
         while_running=single_process_run,
     )

@@ -14,9 +14,10 @@ Both tests run JAX in subprocesses (the rest of the suite keeps its one device):
 Tolerance (`parallel_problem.TOLERANCE`, float32): 1e-5 absolute on parameters, Adam moments
 and β, 1e-5 relative (to max(1, |value|)) on every metric of every step.
 
-The subprocesses compile with `JAX_DISABLE_MOST_OPTIMIZATIONS=1` (XLA's backend optimisation
-level 0): the same computations, compiled about twice as fast; the 8-device references run
-under the same setting, the 2-process test's reference under the suite's own.
+The subprocesses compile with `JAX_DISABLE_MOST_OPTIMIZATIONS=1` (`run_on_devices`,
+`run_two_processes`; XLA's backend optimisation level 0): the same computations, compiled about
+twice as fast; the 8-device references run under the same setting, the 2-process test's
+reference under the suite's own.
 """
 
 from __future__ import annotations
@@ -28,13 +29,11 @@ import numpy as np
 
 from tests.simulated_devices import parse_result, run_on_devices, run_two_processes
 
-_FAST_COMPILE = {"JAX_DISABLE_MOST_OPTIMIZATIONS": "1"}
-
 
 def test_update_step_and_sampler_on_8_simulated_devices():
     from tests.sharding.parallel_problem import TOLERANCE
 
-    results = parse_result(run_on_devices("tests.sharding.parallel_runner", env=_FAST_COMPILE))
+    results = parse_result(run_on_devices("tests.sharding.parallel_runner"))
     runs = ["jit(8, 1, 1)", "jit(1, 8, 1)", "jit(2, 2, 2)", "jit(1, 4, 2)", "jit_explicit(2, 2, 2)"]
     runs += ["pmap(8, 1, 1)"]
     for run in runs:
@@ -58,7 +57,7 @@ def test_two_processes_train_like_one_process(tmp_path):
 
     *_, reference = run_two_processes(
         "tests.sharding.parallel_two_process_runner",
-        env={**_FAST_COMPILE, "JAXRL_TEST_OUT": str(out)},
+        env={"JAXRL_TEST_OUT": str(out)},
         timeout=600,
         while_running=reference_run,
     )

@@ -45,7 +45,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from sharding import MeshConfig, batch_shardings, make_mesh
+from sharding import (
+    ACTIVATION_AXIS_RULES,
+    MeshConfig,
+    batch_shardings,
+    logical_to_spec,
+    make_mesh,
+)
 
 _MIN_LENGTH = 16
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -154,7 +160,9 @@ def reward_model(
     if add_eos and tok.eos_id is None:
         raise ValueError("reward_model: the tokenizer has no EOS token; set add_eos: false.")
     graphdef, state = nnx.split(model)
-    split = math.prod(device_mesh.shape[axis] for axis in ("data", "fsdp"))
+    axes = logical_to_spec(("batch",), ACTIVATION_AXIS_RULES, device_mesh)[0] or ()
+    axes = (axes,) if isinstance(axes, str) else axes  # what `batch_shardings` splits rows over
+    split = math.prod(device_mesh.shape[axis] for axis in axes)
     batch_size = -(-batch_size // split) * split
 
     @jax.jit

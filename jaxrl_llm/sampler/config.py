@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from jaxrl_llm.sampler.stop_strings import StopStringTable
+from jaxrl_llm.sampler.stop_strings import StopStringTable, cached_stop_string_table
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -204,8 +204,6 @@ def with_stop_strings(config: SamplingConfig, tokenizer: object) -> SamplingConf
       >>> cfg.stop_table.window, cfg.stop_table.states
       (4, 3)
     """
-    from jaxrl_llm.sampler.stop_strings import cached_stop_string_table
-
     if not config.stop_strings:
         return dataclasses.replace(config, stop_table=None)
     table = cached_stop_string_table(config.stop_strings, tokenizer)

@@ -48,7 +48,7 @@ from losses.advantages import (
     rloo_advantages_flat,
     zero_variance_mask,
 )
-from losses.aggregation import AGG_MODES, aggregate
+from losses.aggregation import AGG_MODES, aggregate, sequence_sums
 from losses.bapo import bapo_clip_bounds, bapo_loss, clip_bound_grid
 from losses.cispo import cispo_loss
 from losses.covariance import clip_cov_loss, kl_cov_loss
@@ -451,6 +451,7 @@ __all__ = [
     "self_certainty",
     "self_correction_bonus",
     "sequence_logprob",
+    "sequence_sums",
     "shaped_advantages",
     "shaped_offpolicy_loss",
     "sibling_advantages",

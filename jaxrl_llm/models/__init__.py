@@ -6,7 +6,13 @@ with `save_pretrained(model, path)`; decode with a `KVCache`; score with a `Valu
 with LoRA (`add_lora(model, LoRAConfig(...))`, folded back by `merge_lora` / `save_pretrained`).
 """
 
-from jaxrl_llm.models.cache import CACHE_KEY_AXES, CACHE_VALUE_AXES, KVCache, positions_from_mask
+from jaxrl_llm.models.cache import (
+    CACHE_KEY_AXES,
+    CACHE_VALUE_AXES,
+    KVCache,
+    positions_from_mask,
+    positions_from_segments,
+)
 from jaxrl_llm.models.config import SUPPORTED_FAMILIES, ModelConfig, RopeConfig
 from jaxrl_llm.models.decoder import Decoder
 from jaxrl_llm.models.hf_io import from_pretrained, save_pretrained
@@ -30,5 +36,6 @@ __all__ = [
     "has_lora",
     "merge_lora",
     "positions_from_mask",
+    "positions_from_segments",
     "save_pretrained",
 ]

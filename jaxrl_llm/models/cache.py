@@ -217,3 +217,21 @@ def positions_from_mask(attention_mask: Array) -> Array:
              [0, 1, 2, 2, 2]], dtype=int32)
     """
     return jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+def positions_from_segments(segment_ids: Array) -> Array:
+    """Rotary positions `[N, S]` int32 of packed rows: `0, 1, ...` from the start of each run of
+    one segment id (`segment_ids`: 0 = padding, which gets position 0; each packed sequence is
+    one contiguous run).
+
+    Examples:
+      >>> positions_from_segments(jnp.array([[1, 1, 1, 2, 2, 0], [1, 1, 0, 2, 2, 2]]))
+      Array([[0, 1, 2, 0, 1, 0],
+             [0, 1, 0, 0, 1, 2]], dtype=int32)
+    """
+    segment_ids = jnp.asarray(segment_ids)
+    index = jnp.broadcast_to(jnp.arange(segment_ids.shape[-1], dtype=jnp.int32), segment_ids.shape)
+    previous = jnp.pad(segment_ids[..., :-1], [(0, 0)] * (segment_ids.ndim - 1) + [(1, 0)])
+    starts = jnp.where(segment_ids != previous, index, 0)
+    run_start = jax.lax.cummax(starts, axis=segment_ids.ndim - 1)
+    return jnp.where(segment_ids > 0, index - run_start, 0).astype(jnp.int32)

@@ -35,7 +35,6 @@ one that covers it.
 
 from __future__ import annotations
 
-import math
 import pathlib
 from collections.abc import Sequence
 from typing import Any
@@ -45,13 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from sharding import (
-    ACTIVATION_AXIS_RULES,
-    MeshConfig,
-    batch_shardings,
-    logical_to_spec,
-    make_mesh,
-)
+from sharding import MeshConfig, batch_shardings, make_mesh
 
 _MIN_LENGTH = 16
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -136,6 +129,7 @@ def reward_model(
     from jaxrl_llm.models.hf_io import open_checkpoint
     from jaxrl_llm.tokenizer import load_tokenizer
     from jaxrl_llm.train import SequenceBatch, sequence_scores
+    from jaxrl_llm.train.shardings import batch_devices
 
     for name, value in (("batch_size", batch_size), ("max_length", max_length)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -160,9 +154,7 @@ def reward_model(
     if add_eos and tok.eos_id is None:
         raise ValueError("reward_model: the tokenizer has no EOS token; set add_eos: false.")
     graphdef, state = nnx.split(model)
-    axes = logical_to_spec(("batch",), ACTIVATION_AXIS_RULES, device_mesh)[0] or ()
-    axes = (axes,) if isinstance(axes, str) else axes  # what `batch_shardings` splits rows over
-    split = math.prod(device_mesh.shape[axis] for axis in axes)
+    split = batch_devices(device_mesh)  # what `batch_shardings` splits the rows over
     batch_size = -(-batch_size // split) * split
 
     @jax.jit

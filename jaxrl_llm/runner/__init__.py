@@ -104,7 +104,7 @@ from jaxrl_llm.runner.setup import (
     update_row_groups,
 )
 from jaxrl_llm.runner.signals import GracefulStop
-from jaxrl_llm.runner.task import TaskData, load_task, prompt_batch, sft_batch
+from jaxrl_llm.runner.task import TaskData, load_task, packed_sft_batch, prompt_batch, sft_batch
 from jaxrl_llm.runner.warm_start import warm_start_hash, warm_start_policy
 
 __all__ = [
@@ -162,6 +162,7 @@ __all__ = [
     "logprob_program",
     "make_iteration",
     "nonfinite_terms",
+    "packed_sft_batch",
     "parse_checkpoint",
     "parse_fault",
     "parse_override",

@@ -42,6 +42,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import jax
+import numpy as np
 
 from jaxrl_llm.data import IteratorState, next_batch
 from jaxrl_llm.metrics_log import (
@@ -74,9 +75,9 @@ from jaxrl_llm.runner.programs import (
 from jaxrl_llm.runner.rollout import collect, forward_in_row_groups
 from jaxrl_llm.runner.setup import PreparedRun, prepare_run
 from jaxrl_llm.runner.signals import GracefulStop
-from jaxrl_llm.runner.task import sft_batch
+from jaxrl_llm.runner.task import packed_sft_batch, sft_batch
 from jaxrl_llm.train import TrainState
-from jaxrl_llm.train.shardings import batch_sharding
+from jaxrl_llm.train.shardings import batch_devices, batch_sharding
 from sharding import any_process, fetch_global, is_main_process
 
 log = logging.getLogger(__name__)
@@ -161,7 +162,9 @@ def _rl_step(
 def _sft_step(
     ctx: RunContext, state: TrainState, data: IteratorState, step: int
 ) -> tuple[TrainState, IteratorState, dict[str, float]]:
-    """One supervised step on `train.prompts_per_step` (prompt, answer) pairs."""
+    """One supervised step on `train.prompts_per_step` (prompt, answer) pairs (packed several
+    to a row with `sft.packing`: `sft/packed_rows` and `sft/packing_fill`, the share of the
+    packed slots that hold a token)."""
     del step
     task = ctx.task
     started = time.perf_counter()
@@ -174,10 +177,20 @@ def _sft_step(
     examples = [task.train[task.sft_train[i]] for i in indices]
     batch = sft_batch(task, examples, ctx.config, ctx.tokenizer)
     tokens = float(batch.completion_mask.sum())
+    packing: dict[str, float] = {}
+    if ctx.config.sft.packing:
+        batch = packed_sft_batch(
+            task, batch, ctx.config, ctx.tokenizer.pad_id, batch_devices(ctx.mesh)
+        )
+        packing = {
+            "sft/packed_rows": float(batch.tokens.shape[0]),
+            "sft/packing_fill": float(np.mean(batch.segment_ids > 0)),
+        }
     batch = jax.device_put(batch, batch_sharding(ctx.mesh))
     with jax.set_mesh(ctx.mesh):
         state, metrics = ctx.update(state, batch)
         metrics = _host(metrics)
+    metrics.update(packing)
     done = time.perf_counter()
     metrics.update(
         {

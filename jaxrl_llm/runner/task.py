@@ -17,6 +17,7 @@ left out of the supervised data the same way (`TaskData.too_long_answers`).
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -27,7 +28,7 @@ from jaxrl_llm.data import PromptBatch, load_split, make_prompt_batch, parse_sou
 from jaxrl_llm.data.records import DataError
 from jaxrl_llm.runner.config import RunConfig
 from jaxrl_llm.sampler.buckets import bucket_length
-from jaxrl_llm.train import SequenceBatch
+from jaxrl_llm.train import SequenceBatch, pack_batch
 
 log = logging.getLogger(__name__)
 
@@ -170,6 +171,12 @@ def load_task(config: RunConfig, tokenizer: Any) -> TaskData:
             f"sampling.max_new_tokens: no train answer (+ EOS) fits in {T} tokens, so there is "
             "nothing to fine-tune on; raise max_new_tokens."
         )
+    sft = config.sft if config.kind == "sft" else None
+    if sft is not None and sft.packing_length is not None and sft.packing_length < P + T:
+        raise ConfigError(
+            f"sft.packing_length: {sft.packing_length} slots per packed row are fewer than a "
+            f"padded pair's P + T = {P} + {T} = {P + T}; use at least {P + T} or null."
+        )
     return TaskData(
         train=train,
         eval=evals,
@@ -245,3 +252,44 @@ def sft_batch(
     tokens = np.concatenate([prompts.prompt_tokens, completion], axis=1)
     attention = np.concatenate([prompts.prompt_mask, mask > 0], axis=1).astype(np.int32)
     return SequenceBatch(tokens=tokens, attention_mask=attention, completion_mask=mask)
+
+
+def packed_sft_batch(
+    task: TaskData, batch: SequenceBatch, config: RunConfig, pad_id: int, batch_devices: int
+) -> SequenceBatch:
+    """`sft_batch`'s pairs packed several to a row (`sft.packing`; `jaxrl_llm.train.pack_batch`).
+
+    Rows of `sft.packing_length` slots (None: `P + T`); their count is the smallest
+    `u · 2^k` that holds the packing, at most the `B` padded rows, with `u` the rows every
+    update step needs a multiple of (`minibatches × accumulation_steps` and the batch devices,
+    whose least common multiple under `parallel: jit`, product under `pmap`): a run compiles
+    one update program per count it meets, `log2(B / u) + 1` at most.
+
+    Examples:
+      >>> from jaxrl_llm.tokenizer import ByteTokenizer
+      >>> from jaxrl_llm.runner.config import ModelSection
+      >>> from jaxrl_llm.train import SFTConfig
+      >>> cfg = RunConfig(model=ModelSection(checkpoint="/m"), sft=SFTConfig(packing=True))
+      >>> task = TaskData([], [], np.zeros(0, int), 6, 2, 4, {}, 0)
+      >>> pairs = [{"prompt": "1+1=", "answer": "2"}, {"prompt": "2+2=", "answer": "4"}]
+      >>> b = sft_batch(task, pairs, cfg, ByteTokenizer())
+      >>> p = packed_sft_batch(task, b, cfg, 256, batch_devices=1)
+      >>> p.tokens.shape, p.segment_ids.tolist()  # 7 real tokens each: one row of 10 each
+      ((2, 10), [[1, 1, 1, 1, 1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1, 1, 0, 0, 0]])
+    """
+    sft = config.sft
+    length = sft.packing_length or task.prompt_length + task.completion_length
+    parts = sft.minibatches * config.optim.accumulation_steps
+    pmap = config.parallel == "pmap"
+    unit = parts * batch_devices if pmap else math.lcm(parts, batch_devices)
+    packed = pack_batch(batch, length=length, pad_id=pad_id)
+    rows = unit
+    while rows < packed.tokens.shape[0]:
+        rows *= 2
+    extra = min(rows, batch.tokens.shape[0]) - packed.tokens.shape[0]
+    return SequenceBatch(
+        *(
+            np.pad(x, [(0, extra), (0, 0)], constant_values=pad_id if i == 0 else 0)
+            for i, x in enumerate(packed)
+        )
+    )

@@ -5,6 +5,7 @@
 * `params` — split models once into graphs, trainable and frozen parameters.
 * `state` — the `TrainState` pytree.
 * `batch` — `RLBatch`, `SequenceBatch`, global `Normalizers`.
+* `packing` — several SFT sequences per row: `pack_batch`, `best_fit_decreasing`.
 * `logprobs` — chunked completion log-probs / entropies / values and their jitted forwards.
 * `algorithms` — `AlgorithmConfig`, named `PRESETS`, and the composed RL loss.
 * `advantages` — rewards → advantages, returns and the kept-groups mask; `build_rl_batch`.
@@ -62,6 +63,7 @@ from jaxrl_llm.train.optim import (
     make_schedule,
     weight_decay_mask,
 )
+from jaxrl_llm.train.packing import best_fit_decreasing, pack_batch
 from jaxrl_llm.train.parallel import check_data_parallel, make_data_parallel_update_step
 from jaxrl_llm.train.params import ModelGraphs, param_path, reference_params, split_models
 from jaxrl_llm.train.preference import (
@@ -91,7 +93,12 @@ from jaxrl_llm.train.row_groups import (
     group_gradients,
     make_row_group_update_step,
 )
-from jaxrl_llm.train.shardings import batch_sharding, param_shardings, train_state_shardings
+from jaxrl_llm.train.shardings import (
+    batch_devices,
+    batch_sharding,
+    param_shardings,
+    train_state_shardings,
+)
 from jaxrl_llm.train.state import TrainState, init_train_state
 from jaxrl_llm.train.update import (
     finish_update,
@@ -124,7 +131,9 @@ __all__ = [
     "SequenceBatch",
     "TrainState",
     "apply_group_gradients",
+    "batch_devices",
     "batch_sharding",
+    "best_fit_decreasing",
     "build_rl_batch",
     "check_data_parallel",
     "check_preference_batch",
@@ -154,6 +163,7 @@ __all__ = [
     "make_update_step",
     "make_value_fn",
     "micro_batch_stats",
+    "pack_batch",
     "pair_valid",
     "param_path",
     "param_shardings",

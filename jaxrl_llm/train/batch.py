@@ -10,6 +10,16 @@ position `P + t`. Its log-prob comes from the hidden state at `P + t − 1`.
 
 `RLBatch` adds the per-token arrays the policy losses need; `SequenceBatch` alone is the SFT batch.
 Optional fields are `None` (an empty pytree node), never zero-filled placeholders.
+
+Packed rows (SFT with `packing`, `jaxrl_llm.train.packing`) hold several sequences each, in the
+same layout with `P = 1`: `T = S − 1`, so every position after the first can be a target, and
+
+    segment_ids[N,S]       int      0 = padding, k ≥ 1 = the row's k-th sequence (one contiguous
+                                    run; positions restart at 0 in each, and attention stays
+                                    inside it)
+
+with `completion_mask[n, t]` = 1 where `tokens[n, t + 1]` is a completion token (never the first
+token of a sequence, so a target and the state that predicts it share their segment).
 """
 
 from __future__ import annotations
@@ -19,21 +29,26 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+import losses
+
 
 class SequenceBatch(NamedTuple):
     """Token sequences with a completion mask (the SFT batch; the inputs of every forward).
+
+    `segment_ids` is None except in packed rows (module docstring).
 
     Examples:
       >>> import jax.numpy as jnp
       >>> b = SequenceBatch(tokens=jnp.zeros((2, 5), jnp.int32), attention_mask=jnp.ones((2, 5)),
       ...                   completion_mask=jnp.ones((2, 3)))
-      >>> prompt_length(b)
-      2
+      >>> prompt_length(b), b.segment_ids
+      (2, None)
     """
 
     tokens: jax.Array  # [N,S] int
     attention_mask: jax.Array  # [N,S] {0,1}
     completion_mask: jax.Array  # [N,T] {0,1}
+    segment_ids: jax.Array | None = None  # [N,S] int, packed rows only
 
 
 class RLBatch(NamedTuple):
@@ -91,8 +106,13 @@ class Normalizers(NamedTuple):
     grad_scale: jax.Array
 
 
-def count_normalizers(completion_mask: jax.Array) -> Normalizers:
+def count_normalizers(
+    completion_mask: jax.Array, segment_ids: jax.Array | None = None
+) -> Normalizers:
     """Token count and count of rows with at least one valid token (float32), `grad_scale` 1.
+
+    With `segment_ids` (`[N,T]`, packed rows: the segment of each target) the sequence count
+    counts the (row, segment) pairs with a valid token instead of the rows.
 
     These are *sums*: the counts of a batch are the sums of its micro-batches' counts. Callers
     that divide by them clamp at 1 (`losses.aggregate` receives `max(count, 1)`).
@@ -103,9 +123,10 @@ def count_normalizers(completion_mask: jax.Array) -> Normalizers:
       12.0
     """
     m = (jnp.asarray(completion_mask) > 0).astype(jnp.float32)
+    _, lengths = losses.sequence_sums(m, m, segment_ids=segment_ids)
     return Normalizers(
         num_tokens=jnp.sum(m),
-        num_seqs=jnp.sum((jnp.sum(m, axis=1) > 0).astype(jnp.float32)),
+        num_seqs=jnp.sum((lengths > 0).astype(jnp.float32)),
         grad_scale=jnp.ones((), jnp.float32),
     )
 
@@ -151,6 +172,19 @@ def check_sequence_batch(batch: Any, *, where: str) -> None:
         raise ValueError(
             f"{where}: `completion_mask` must be [N,T] with N = {N} and 1 <= T < S = {S} (at "
             f"least one prompt token), got {cm}."
+        )
+    segments = getattr(batch, "segment_ids", None)
+    if segments is None:
+        return
+    if segments.shape != (N, S) or not jnp.issubdtype(segments.dtype, jnp.integer):
+        raise ValueError(
+            f"{where}: `segment_ids` must be integer ids with the shape of `tokens` {(N, S)}, "
+            f"got {segments.dtype}{segments.shape}."
+        )
+    if cm[1] != S - 1:
+        raise ValueError(
+            f"{where}: packed rows (`segment_ids` set) score every position after the first: "
+            f"`completion_mask` must be [N, S − 1] = {(N, S - 1)}, got {cm}."
         )
 
 

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 import losses
-from jaxrl_llm.models import ValueModel, positions_from_mask
+from jaxrl_llm.models import ValueModel, positions_from_mask, positions_from_segments
 from jaxrl_llm.models.position_chunks import map_position_chunks
 from jaxrl_llm.train.batch import SequenceBatch, check_sequence_batch, prompt_length
 
@@ -35,8 +35,11 @@ def completion_hidden(model: Any, batch: Any, *, group_size: int = 1) -> jax.Arr
     """Final-normed hidden states `[N,T,D]` that predict the completion tokens (no logits).
 
     Args:
-      model: a `Decoder` (or anything with `hidden_states(tokens, positions, attention_mask=)`).
-      batch: a batch with `tokens[N,S]`, `attention_mask[N,S]` and `completion_mask[N,T]`.
+      model: a `Decoder` (or anything with `hidden_states(tokens, positions, attention_mask=)`;
+        packed rows call it with `segment_ids=` instead).
+      batch: a batch with `tokens[N,S]`, `attention_mask[N,S]` and `completion_mask[N,T]`;
+        packed rows (`segment_ids[N,S]`, `jaxrl_llm.train.batch`) have `P = 1`: their positions
+        restart at each sequence and attention stays inside it.
       group_size: `G > 1` when the rows come in groups of `G` consecutive rows with the same
         prompt (the sampler's `G` samples per prompt): each prompt then runs once per layer
         (`Decoder.shared_prompt_hidden_states`; the same states up to float rounding).
@@ -56,6 +59,17 @@ def completion_hidden(model: Any, batch: Any, *, group_size: int = 1) -> jax.Arr
     check_sequence_batch(batch, where="completion_hidden")
     T = batch.completion_mask.shape[1]
     P = prompt_length(batch)
+    segments = getattr(batch, "segment_ids", None)
+    if segments is not None:  # packed rows: P = 1, each sequence from position 0, on its own
+        if group_size != 1:
+            raise ValueError(
+                f"completion_hidden: packed rows (`segment_ids`) share no prompt; group_size "
+                f"must be 1, got {group_size}."
+            )
+        hidden = model.hidden_states(
+            batch.tokens, positions_from_segments(segments), segment_ids=segments
+        )
+        return hidden[:, :T]
     mask = batch.attention_mask.astype(jnp.int32)
     positions = positions_from_mask(mask)
     if group_size == 1:

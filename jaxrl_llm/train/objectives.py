@@ -54,7 +54,13 @@ class Objective(NamedTuple):
 
 
 def _normalizers(batch: Any) -> Normalizers:
-    return count_normalizers(batch.completion_mask)
+    return count_normalizers(batch.completion_mask, _target_segments(batch))
+
+
+def _target_segments(batch: Any) -> jax.Array | None:
+    """`[N,T]` segment of each target token of packed rows (`segment_ids[:, 1:]`), or None."""
+    segments = getattr(batch, "segment_ids", None)
+    return None if segments is None else segments[:, 1:]
 
 
 def rl_objective(config: AlgorithmConfig, graphs: ModelGraphs, *, group_size: int = 1) -> Objective:
@@ -158,6 +164,10 @@ class SFTConfig:
       minibatches: optimizer updates per epoch.
       shuffle: reshuffle the rows every epoch.
       chunk_size: positions per vocabulary chunk.
+      packing: a run packs each step's pairs several to a row (`jaxrl_llm.train.packing`,
+        TRL's `packing=True`): the same loss and gradient with fewer padded slots. Every `agg`
+        but `seq_mean_token_sum_norm` (whose budget `T` packed rows do not have).
+      packing_length: slots per packed row, at least the padded row's `P + T` (None: `P + T`).
 
     Examples:
       >>> SFTConfig(agg="seq_mean_token_mean").agg
@@ -169,6 +179,8 @@ class SFTConfig:
     minibatches: int = 1
     shuffle: bool = True
     chunk_size: int | None = None
+    packing: bool = False
+    packing_length: int | None = None
 
     def __post_init__(self) -> None:
         if self.agg not in losses.AGG_MODES:
@@ -181,6 +193,17 @@ class SFTConfig:
         if self.chunk_size is not None and self.chunk_size < 1:
             raise ValueError(
                 f"SFTConfig: `chunk_size` must be >= 1 or null, got {self.chunk_size!r}."
+            )
+        if self.packing_length is not None and not self.packing:
+            raise ValueError("SFTConfig: `packing_length` is set but `packing` is off.")
+        if self.packing_length is not None and self.packing_length < 2:
+            raise ValueError(
+                f"SFTConfig: `packing_length` must be >= 2 or null, got {self.packing_length!r}."
+            )
+        if self.packing and self.agg == "seq_mean_token_sum_norm":
+            raise ValueError(
+                "SFTConfig: `packing` with agg='seq_mean_token_sum_norm', which divides by the "
+                "completion budget T that packed rows do not have; use another `agg`."
             )
 
 
@@ -214,6 +237,7 @@ def sft_objective(config: SFTConfig, graphs: ModelGraphs) -> Objective:
             mode=config.agg,
             num_tokens=jnp.maximum(norms.num_tokens, 1.0),
             num_seqs=jnp.maximum(norms.num_seqs, 1.0),
+            segment_ids=_target_segments(batch),
         )
         metrics = {
             "sft/nll": jax.lax.stop_gradient(losses.masked_mean(-logp, mask)),
@@ -224,5 +248,10 @@ def sft_objective(config: SFTConfig, graphs: ModelGraphs) -> Objective:
     def check(batch: SequenceBatch, updates_per_step: int) -> None:
         del updates_per_step
         check_sequence_batch(batch, where="sft_objective")
+        if batch.segment_ids is not None and config.agg == "seq_mean_token_sum_norm":
+            raise ValueError(
+                "sft_objective: agg='seq_mean_token_sum_norm' divides by the completion budget "
+                "T, which packed rows (`segment_ids`) do not have; use another `agg`."
+            )
 
     return Objective(loss=loss, normalizers=_normalizers, check=check)

@@ -189,8 +189,12 @@ def concat_sequences(a: SequenceBatch, b: SequenceBatch) -> SequenceBatch:
             jnp.pad(s.completion_mask, ((0, 0), (0, T - t))),
         )
 
+    if a.segment_ids is not None or b.segment_ids is not None:
+        raise ValueError("concat_sequences: packed rows (`segment_ids`) have no common prompt.")
     a, b = pad(a), pad(b)
-    return SequenceBatch(*(jnp.concatenate([x, y], axis=0) for x, y in zip(a, b, strict=True)))
+    return SequenceBatch(
+        *(jnp.concatenate([x, y], axis=0) for x, y in zip(a[:3], b[:3], strict=True))
+    )
 
 
 def kto_kl_sequences(seqs: SequenceBatch) -> SequenceBatch:

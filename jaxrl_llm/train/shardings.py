@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
@@ -32,6 +33,19 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
       (('data', 'fsdp'),)
     """
     return NamedSharding(mesh, logical_to_spec(("batch",), ACTIVATION_AXIS_RULES, mesh))
+
+
+def batch_devices(mesh: Mesh) -> int:
+    """How many ways `batch_sharding` splits the rows: the product of the batch axes' sizes.
+
+    Examples:
+      >>> from sharding import MeshConfig, make_mesh
+      >>> batch_devices(make_mesh(MeshConfig(), devices=jax.devices()[:1]))
+      1
+    """
+    axes = batch_sharding(mesh).spec[0] or ()
+    axes = (axes,) if isinstance(axes, str) else axes
+    return math.prod(mesh.shape[axis] for axis in axes)
 
 
 def _is_variable(x: Any) -> bool:

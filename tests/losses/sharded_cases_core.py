@@ -14,6 +14,12 @@ _x = _rng.normal(size=(N, T)).astype(np.float32)
 _lp = -_rng.uniform(0.1, 3.0, size=(N, T)).astype(np.float32)
 _old = (_lp + 0.3 * _rng.normal(size=(N, T))).astype(np.float32)
 _adv = _rng.normal(size=(N, T)).astype(np.float32)
+_segments = np.sort(_rng.integers(0, 3, size=(N, T)), axis=1).astype(np.int32)  # packed rows
+
+
+def _packed_aggregate(x, mask, segment_ids):
+    return losses.aggregate(x, mask, mode="seq_mean_token_mean", segment_ids=segment_ids)
+
 
 CASES = [
     ShardCase("masked_sum", losses.masked_sum, (_x, _mask), {}),
@@ -25,6 +31,7 @@ CASES = [
         ShardCase(f"aggregate_{mode}", losses.aggregate, (_x, _mask), {"mode": mode})
         for mode in losses.AGG_MODES
     ],
+    ShardCase("aggregate_packed", _packed_aggregate, (_x, _mask, _segments), {}),
     ShardCase(
         "ppo_clip_loss_dual",
         losses.ppo_clip_loss,

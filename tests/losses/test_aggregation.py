@@ -109,3 +109,59 @@ def test_bad_input_errors_name_the_problem():
         losses.aggregate(jnp.ones((2,)), jnp.ones((2,)))
     with pytest.raises(ValueError, match="`mask` must have shape"):
         losses.aggregate(jnp.ones((2, 3)), jnp.ones((2, 2)))
+
+
+def _pack(rng, loss, mask, lengths, row_length):
+    """The sequences `loss[i, :n_i]` (one per row) packed in order into rows of `row_length`,
+    sometimes with a padding gap between two, with their segment ids `1, 2, …` per row."""
+    rows, fill, seg = [], row_length, 0
+    for i, n in enumerate(lengths):
+        gap = int(rng.integers(0, 2))
+        if fill + gap + n > row_length:
+            rows.append([np.zeros(row_length, np.float32) for _ in range(3)])
+            fill, seg, gap = 0, 0, 0
+        seg, start = seg + 1, fill + gap
+        for k, values in enumerate((loss[i, :n], mask[i, :n], np.full(n, seg))):
+            rows[-1][k][start : start + n] = values
+        fill = start + n
+    p_loss, p_mask, seg_ids = (np.stack([r[k] for r in rows]) for k in range(3))
+    return p_loss, p_mask, seg_ids.astype(np.int32)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_packed_rows_aggregate_as_one_sequence_per_row(mode):
+    rng = np.random.default_rng(3)
+    lengths = [5, 1, 7, 3, 3, 6, 2, 4]
+    loss = rng.normal(size=(len(lengths), 7)).astype(np.float32)
+    mask = (rng.uniform(size=loss.shape) < 0.8) * (np.arange(7) < np.array(lengths)[:, None])
+    mask = mask.astype(np.float32)
+    mask[3] = 0.0  # a sequence without a valid token is not counted
+    p_loss, p_mask, seg = _pack(rng, loss, mask, lengths, row_length=9)
+    assert p_loss.shape[0] < len(lengths) and seg.max() > 1
+
+    def agg(a, b, s):
+        return losses.aggregate(a, b, mode=mode, segment_ids=s, norm_length=7)
+
+    assert_close(jax.jit(agg)(p_loss, p_mask, seg), np_aggregate(loss, mask, mode, norm_length=7))
+    # the gradient too: every token gets the weight it has with one sequence per row
+    grad = jax.grad(agg)(p_loss, p_mask, seg)
+    ref = jax.grad(lambda a: losses.aggregate(a, mask, mode=mode, norm_length=7))(loss)
+    np.testing.assert_allclose(grad[p_mask > 0], np.asarray(ref)[mask > 0], rtol=1e-6)
+
+
+def test_packed_tokens_outside_segments_are_not_counted():
+    l = jnp.array([[1.0, 2.0, 100.0, 3.0]])
+    m = jnp.ones((1, 4))
+    seg = jnp.array([[1, 1, 0, 2]])
+    assert_close(losses.aggregate(l, m, mode="token_mean", segment_ids=seg), 2.0)
+    assert_close(losses.aggregate(l, m, mode="seq_mean_token_mean", segment_ids=seg), 2.25)
+
+
+def test_packed_segment_ids_are_checked():
+    l, m = jnp.ones((2, 3)), jnp.ones((2, 3))
+    with pytest.raises(ValueError, match=r"segment_ids.*shape"):
+        losses.aggregate(l, m, segment_ids=jnp.ones((2, 4), jnp.int32))
+    with pytest.raises(ValueError, match=r"segment_ids.*integer"):
+        losses.aggregate(l, m, segment_ids=jnp.ones((2, 3)))
+    with pytest.raises(ValueError, match=r"0 … T = 3.*0 … 4"):
+        losses.aggregate(l, m, segment_ids=jnp.array([[0, 1, 4], [1, 1, 1]]))

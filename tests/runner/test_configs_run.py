@@ -17,7 +17,7 @@ import pytest
 from flax import nnx
 
 from jaxrl_llm.cli import main
-from jaxrl_llm.config import load_yaml
+from jaxrl_llm.config import ConfigError, load_yaml
 from jaxrl_llm.models import Decoder, from_pretrained
 from jaxrl_llm.runner import load_run_config, prepare_run
 from tests.runner.helpers import (
@@ -145,3 +145,26 @@ def test_bco_config_runs_and_resumes_with_its_reward_shift(tmp_path):
     moments = prepared.state.reward_moments  # the checkpoint holds δ's statistics
     assert float(moments.count) == 4 * 2 * 2  # 4 steps × 2 pairs × (chosen, rejected)
     assert float(moments.mean) == pytest.approx(deltas[-1], abs=1e-7)
+
+
+def test_sft_packing_trains_as_the_padded_run(tmp_path):
+    """`sft.packing`: the pairs of a step share rows; the loss and the gradient are those of the
+    padded batch, so two steps end at the same parameters (float rounding apart)."""
+    path = CONFIGS / "sft.yaml"
+    overrides = [*TINY, *SFT_OPTIM, "train.prompts_per_step=4", "train.eval_every=0"]
+    packed_overrides = [*overrides, "sft.packing=true", "sft.packing_length=32"]
+    for name, extra in (("padded", overrides), ("packed", packed_overrides)):
+        assert main(["train", str(path), *extra, "--run-dir", str(tmp_path / name)]) == 0
+    padded, packed = train_records(tmp_path / "padded"), train_records(tmp_path / "packed")
+    assert all(r["sft/packed_rows"] < 4 and 0 < r["sft/packing_fill"] <= 1 for r in packed)
+    assert "sft/packed_rows" not in padded[0]
+    np.testing.assert_allclose(
+        [r["sft/nll"] for r in packed], [r["sft/nll"] for r in padded], rtol=1e-5
+    )
+    a, b = (nnx.state(from_pretrained(tmp_path / name / "export")) for name in ("padded", "packed"))
+    diffs = jax.tree.map(lambda x, y: float(np.max(np.abs(np.asarray(x) - np.asarray(y)))), a, b)
+    assert max(jax.tree.leaves(diffs)) < 1e-5
+    too_short = [*overrides, "sft.packing=true", "sft.packing_length=5"]
+    config = load_run_config(path, too_short, run_dir=tmp_path / "too_short")
+    with pytest.raises(ConfigError, match=r"sft.packing_length: 5 slots .* fewer than"):
+        prepare_run(config)

@@ -33,6 +33,7 @@ from jaxrl_llm.runner.config import (
     ExportConfig,
     ModelSection,
     OverlongConfig,
+    ReferenceSyncConfig,
     RunConfig,
     TokenizerSection,
     TrainConfig,
@@ -41,7 +42,7 @@ from jaxrl_llm.runner.config import (
     config_hash,
     config_to_dict,
 )
-from jaxrl_llm.runner.context import RunContext
+from jaxrl_llm.runner.context import RunContext, reference_policy
 from jaxrl_llm.runner.eval_run import evaluate_run, format_eval_table, parse_checkpoint
 from jaxrl_llm.runner.evaluate import evaluate_policy, pass_at_k
 from jaxrl_llm.runner.faults import fault_point, parse_fault
@@ -77,6 +78,7 @@ from jaxrl_llm.runner.programs import (
     advantage_program,
     logprob_program,
     prompt_group_size,
+    reference_sync_program,
     rollout_program,
     update_program,
     value_program,
@@ -114,6 +116,7 @@ __all__ = [
     "ModelSection",
     "OverlongConfig",
     "PreparedRun",
+    "ReferenceSyncConfig",
     "RunConfig",
     "RunContext",
     "Scores",
@@ -171,6 +174,8 @@ __all__ = [
     "process_groups",
     "prompt_batch",
     "prompt_group_size",
+    "reference_policy",
+    "reference_sync_program",
     "reward_metrics",
     "rollout_metrics",
     "rollout_program",

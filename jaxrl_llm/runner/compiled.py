@@ -45,6 +45,7 @@ filter).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
@@ -74,6 +75,7 @@ from jaxrl_llm.train import (
     make_optimizer,
     make_update_step,
     rl_objective,
+    sync_reference,
 )
 from jaxrl_llm.train.shardings import train_state_shardings
 
@@ -134,6 +136,7 @@ class _Spec(NamedTuple):
     mesh: Any
     forward_group: int  # rows per shared prompt of the log-prob forwards
     update_group: int  # ... and of the update (`programs.prompt_group_size`)
+    reference_sync: Any  # `train.reference_sync` (None: off)
 
 
 def _spec(ctx: RunContext) -> _Spec:
@@ -159,6 +162,7 @@ def _spec(ctx: RunContext) -> _Spec:
         mesh=ctx.mesh,
         forward_group=prompt_group_size(config, ctx.mesh, update=False),
         update_group=prompt_group_size(config, ctx.mesh, update=True),
+        reference_sync=config.train.reference_sync,
     )
 
 
@@ -266,9 +270,18 @@ def _build_iteration(spec: _Spec) -> Callable[..., Any]:
         out, correct, total, signal = scored(
             state.params["policy"], state.frozen["policy"], prompts, step_key
         )
+        if state.reference is not None:  # `train.reference_sync`: the state holds it
+            reference = state.reference
         batch, adv_metrics = build_batch(state, reference, out, signal)
         state, metrics = update(state, batch)
         metrics = {**metrics, **adv_metrics}
+        sync = spec.reference_sync
+        if sync is not None:  # after every `every`-th update, as the loop does
+            due = step % sync.every == 0
+            state = jax.lax.cond(
+                due, functools.partial(sync_reference, alpha=sync.alpha), lambda s: s, state
+            )
+            metrics["ref/synced"] = due.astype(jnp.float32)
         metrics.update(rollout_metrics(total, correct, out.lengths, out.truncated))
         if spec.algorithm.advantage.drop_zero_variance:
             metrics.update(_dapo_metrics(signal, G, spec.prompts_per_step))

@@ -188,6 +188,38 @@ class OverlongConfig:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class ReferenceSyncConfig:
+    """`train.reference_sync:` move the reference policy toward the policy during training.
+
+    Every `every` steps, after the update, `π_ref ← α·π_θ + (1 − α)·π_ref` over the trainable
+    parameters (`jaxrl_llm.train.sync_reference`): TR-DPO's soft update ("Learn Your Reference
+    Model for Real Good Alignment", arXiv 2404.09656), TRL's `sync_ref_model` (defaults
+    `ref_model_mixup_alpha=0.6`, `ref_model_sync_steps=512`, for DPO and GRPO alike); with
+    `α = 1` the hard reference reset of ProRL ("ProRL: Prolonged Reinforcement Learning
+    Expands Reasoning Boundaries in Large Language Models", arXiv 2505.24864). The reference
+    then lives in the train state, so a checkpoint holds it and a resumed run continues with
+    the synced one.
+
+    Attributes:
+      every: steps between syncs (`τ`).
+      alpha: the mix-up weight `α` of the policy, in (0, 1].
+
+    Examples:
+      >>> build(ReferenceSyncConfig, {"every": 64}).alpha
+      0.6
+    """
+
+    every: int
+    alpha: float = 0.6
+
+    def __post_init__(self) -> None:
+        if isinstance(self.every, bool) or not isinstance(self.every, int) or self.every < 1:
+            raise ConfigError(f"train.reference_sync.every: must be an int >= 1, got {self.every}.")
+        if not 0.0 < self.alpha <= 1.0:
+            raise ConfigError(f"train.reference_sync.alpha: must be in (0, 1], got {self.alpha}.")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     """The `train:` section: the loop's length, batch, evaluation, logging and safety limits.
 
@@ -217,6 +249,8 @@ class TrainConfig:
         and one micro-batch, `parallel: jit`) the update run each prompt once per layer for
         its `G` samples (`Decoder.shared_prompt_hidden_states`; the same log-probs and
         gradients up to float rounding; `runner.prompt_group_size`).
+      reference_sync: move the reference toward the policy every few steps
+        (`ReferenceSyncConfig`; None: the reference stays the initial policy).
 
     Examples:
       >>> build(TrainConfig, {"steps": 3, "eval_pass_k": [1, 4]}).eval_pass_k
@@ -237,6 +271,7 @@ class TrainConfig:
     compiled_iterations: int | None = None
     compilation_cache: str | None = "~/.cache/jaxrl_llm/jax"
     shared_prompt_forward: bool = True
+    reference_sync: ReferenceSyncConfig | None = None
 
     def __post_init__(self) -> None:
         minimum = {
@@ -400,6 +435,15 @@ class RunConfig:
         return getattr(self, self.objective_name)
 
     @property
+    def uses_reference(self) -> bool:
+        """Whether the run reads a reference policy: an RL algorithm with a KL term, or a
+        preference loss with reference log-probs (DPO, RPO, KTO, BCO)."""
+        alg, pref = self.algorithm, self.preference
+        return (alg is not None and alg.kl.mode != "none") or (
+            pref is not None and pref.uses_reference
+        )
+
+    @property
     def offline_pairs(self) -> bool:
         """Whether the run trains on preference records (`preference:`, `reward_model:`)."""
         return self.kind in ("preference", "reward_model")
@@ -445,8 +489,28 @@ def _validate(cfg: RunConfig) -> None:
     _validate_sampling_and_eval(cfg)
     _validate_rewards(cfg)
     _validate_compiled(cfg)
+    _validate_reference_sync(cfg)
     if cfg.offline_pairs:
         _validate_offline_pairs(cfg)
+
+
+def _validate_reference_sync(cfg: RunConfig) -> None:
+    sync = cfg.train.reference_sync
+    if sync is None:
+        return
+    if not cfg.uses_reference:
+        raise ConfigError(
+            "train.reference_sync: this run reads no reference policy (an RL algorithm with "
+            "algorithm.kl.mode 'loss' or 'reward', or a preference loss with reference "
+            "log-probs has one); remove it."
+        )
+    adapters = cfg.model.lora is not None or cfg.model.lora_adapter is not None
+    if adapters and sync.alpha != 1.0:
+        raise ConfigError(
+            f"train.reference_sync.alpha: {sync.alpha} with LoRA adapters would mix the "
+            "adapters' A and B matrices, not the weights they make (A·B is not linear in "
+            "them); use alpha 1 (the reference takes the policy's adapters) or full training."
+        )
 
 
 def _validate_parallel(cfg: RunConfig) -> None:

@@ -28,7 +28,9 @@ class RunContext(NamedTuple):
       sampling: the training sampler's config, with the tokenizer's EOS among the stop tokens
         and its pad id as the filler.
       reward_functions: the resolved reward functions (empty with in-graph rewards).
-      reference: the frozen reference policy's trainable parameters (None without KL).
+      reference: the frozen reference policy's trainable parameters (None without a
+        reference, and with `train.reference_sync`, where the state holds it:
+        `reference_policy`).
       update: the compiled update step.
       run_dir: the run directory.
       preference_examples: the tokenized preference examples (`preference:` runs), else None.
@@ -52,3 +54,15 @@ class RunContext(NamedTuple):
     run_dir: pathlib.Path
     preference_examples: list[Any] | None = None
     preference_eval_examples: list[Any] | None = None
+
+
+def reference_policy(ctx: RunContext, state: Any) -> Any:
+    """The reference policy's trainable parameters at this point of the run: the train state's
+    (`train.reference_sync` moves them) or the context's frozen copy of the initial policy.
+
+    Examples:
+      >>> from types import SimpleNamespace
+      >>> reference_policy(SimpleNamespace(reference="initial"), SimpleNamespace(reference=None))
+      'initial'
+    """
+    return ctx.reference if state.reference is None else state.reference

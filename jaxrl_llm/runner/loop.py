@@ -54,7 +54,7 @@ from jaxrl_llm.metrics_log import (
 )
 from jaxrl_llm.runner.compiled import compiled_steps
 from jaxrl_llm.runner.config import RunConfig, config_to_dict
-from jaxrl_llm.runner.context import RunContext
+from jaxrl_llm.runner.context import RunContext, reference_policy
 from jaxrl_llm.runner.evaluate import evaluate_policy
 from jaxrl_llm.runner.faults import fault_point
 from jaxrl_llm.runner.health import (
@@ -70,6 +70,7 @@ from jaxrl_llm.runner.programs import (
     advantage_program,
     logprob_program,
     prompt_group_size,
+    reference_sync_program,
     value_program,
 )
 from jaxrl_llm.runner.rollout import collect, forward_in_row_groups
@@ -120,7 +121,7 @@ def _rl_step(
             else None
         )
         ref = (
-            forward_in_row_groups(ctx, logprob, ctx.reference, policy_frozen, seqs)
+            forward_in_row_groups(ctx, logprob, reference_policy(ctx, state), policy_frozen, seqs)
             if alg.kl.mode != "none"
             else None
         )
@@ -218,7 +219,24 @@ def _step_results(
         return
     for step in range(start + 1, steps + 1):
         state, data, metrics = step_fn(ctx, state, data, step)
+        state = _sync_reference(ctx, state, step, metrics)
         yield step, state, data, metrics, step
+
+
+def _sync_reference(
+    ctx: RunContext, state: TrainState, step: int, metrics: dict[str, float]
+) -> TrainState:
+    """`train.reference_sync`: after every `every`-th step's update, move the reference toward
+    the policy (`ref/synced` is 1 on those steps)."""
+    sync = ctx.config.train.reference_sync
+    if sync is None:
+        return state
+    due = step % sync.every == 0
+    if due:
+        with jax.set_mesh(ctx.mesh):
+            state = reference_sync_program(sync.alpha)(state)
+    metrics["ref/synced"] = float(due)
+    return state
 
 
 def _meta(

@@ -37,7 +37,7 @@ from jaxrl_llm.data import (
     parse_source,
 )
 from jaxrl_llm.runner.config import RunConfig
-from jaxrl_llm.runner.context import RunContext
+from jaxrl_llm.runner.context import RunContext, reference_policy
 from jaxrl_llm.runner.programs import preference_eval_program, preference_prepare_program
 from jaxrl_llm.train import PreferenceBatch, TrainState
 from jaxrl_llm.train.shardings import batch_sharding
@@ -134,7 +134,11 @@ def _prepared_batch(
         return batch, None
     prepare = preference_prepare_program(config.preference, ctx.graphs.policy)
     batch, moments = prepare(
-        batch, state.params["policy"], ctx.reference, state.frozen["policy"], state.reward_moments
+        batch,
+        state.params["policy"],
+        reference_policy(ctx, state),
+        state.frozen["policy"],
+        state.reward_moments,
     )
     # the per-row fields prepared here (KTO's reference point, BCO's shift) are built
     # replicated: rows over the batch axes, as the update step takes them

@@ -48,6 +48,7 @@ from jaxrl_llm.train import (
     reward_model_objective,
     rl_objective,
     sft_objective,
+    sync_reference,
     train_state_shardings,
 )
 from jaxrl_llm.train.parallel import make_data_parallel_update_step
@@ -158,6 +159,18 @@ def value_program(graphs: ModelGraphs, group_size: int = 1) -> Callable[..., Any
       ValueError: make_value_fn: `graphs.value` is None (no critic was split).
     """
     return make_value_fn(graphs, group_size=group_size)
+
+
+@functools.lru_cache(maxsize=_CACHE_SIZE)
+def reference_sync_program(alpha: float) -> Callable[..., Any]:
+    """`state -> state` with the reference moved toward the policy (`sync_reference`), jitted
+    with the state donated; cached per `alpha`.
+
+    Examples:
+      >>> reference_sync_program(0.6) is reference_sync_program(0.6)
+      True
+    """
+    return jax.jit(functools.partial(sync_reference, alpha=alpha), donate_argnums=0)
 
 
 @functools.lru_cache(maxsize=_CACHE_SIZE)

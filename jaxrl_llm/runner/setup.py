@@ -352,10 +352,8 @@ def build_context(
         preference_eval_examples = load_preference_eval_examples(config, tokenizer)
         pref_info["data/preference_eval_examples"] = len(preference_eval_examples)
         info.update(pref_info)
-    uses_reference = (algorithm is not None and algorithm.kl.mode != "none") or (
-        config.preference is not None and config.preference.uses_reference
-    )
-    reference = reference_params(params) if uses_reference else None
+    reference = reference_params(params) if config.uses_reference else None
+    synced = config.train.reference_sync is not None
     optimizer = make_optimizer(config.optim)
     controller_state = kl_controller(algorithm.kl).init() if algorithm is not None else None
     bco = config.preference is not None and config.preference.loss == "bco"
@@ -366,6 +364,7 @@ def build_context(
         key=jax.random.key(config.seed),
         kl=controller_state,
         reward_moments=losses.init_running_moments() if bco else None,
+        reference=reference if synced else None,  # checkpointed with the state
     )
     state = place_global(state, train_state_shardings(state, mesh, optimizer))
     objective = config.objective
@@ -389,7 +388,7 @@ def build_context(
         mesh=mesh,
         sampling=_sampling(config, tokenizer),
         reward_functions=functions,
-        reference=reference,
+        reference=None if synced else reference,
         update=update,
         run_dir=run_dir,
         preference_examples=preference_examples,

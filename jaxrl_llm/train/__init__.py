@@ -99,7 +99,7 @@ from jaxrl_llm.train.shardings import (
     param_shardings,
     train_state_shardings,
 )
-from jaxrl_llm.train.state import TrainState, init_train_state
+from jaxrl_llm.train.state import TrainState, init_train_state, sync_reference
 from jaxrl_llm.train.update import (
     finish_update,
     jit_state_step,
@@ -184,6 +184,7 @@ __all__ = [
     "sequence_scores",
     "sft_objective",
     "split_models",
+    "sync_reference",
     "train_preference",
     "train_reward_model",
     "train_state_shardings",

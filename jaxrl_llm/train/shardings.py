@@ -118,4 +118,5 @@ def train_state_shardings(state: Any, mesh: Mesh, optimizer: optax.GradientTrans
         key=replicated,
         kl=jax.tree.map(lambda _: replicated, state.kl),
         reward_moments=jax.tree.map(lambda _: replicated, state.reward_moments),
+        reference=None if state.reference is None else param_shardings(state.reference, mesh),
     )

@@ -9,6 +9,10 @@
     reward_moments  RunningMoments or None   BCO's running reward statistics (the shift δ
               of a `preference.loss: bco` run; set by `prepare_preference_batch`, passed
               through the update step); None otherwise
+    reference State or None   the reference policy's trainable parameters when training moves
+              them (`sync_reference`: TR-DPO, TRL's `sync_ref_model`, ProRL's reset), so that
+              a checkpoint holds them; passed through the update step. None when the
+              reference stays the initial policy (the runner then keeps it outside the state)
 
 The update step is compiled with the whole state donated, so after a step only the returned
 state is valid: read `state.frozen` from the latest state (it is the same buffers).
@@ -44,6 +48,7 @@ class TrainState(NamedTuple):
     key: jax.Array
     kl: losses.KLControllerState
     reward_moments: losses.RunningMoments | None = None
+    reference: Any = None
 
 
 def init_train_state(
@@ -54,6 +59,7 @@ def init_train_state(
     key: jax.Array,
     kl: losses.KLControllerState | None = None,
     reward_moments: losses.RunningMoments | None = None,
+    reference: Any = None,
 ) -> TrainState:
     """A fresh `TrainState`: step 0, optimizer state initialised on `params`.
 
@@ -65,6 +71,8 @@ def init_train_state(
       kl: initial KL controller state (e.g. `kl_controller(config.kl).init()`); None: β = 0.
       reward_moments: BCO's running reward statistics (`losses.init_running_moments()` for
         a BCO run); None for every other objective.
+      reference: the reference policy's trainable parameters, when `sync_reference` moves
+        them (`reference_params(params)` at the start); None otherwise.
 
     Returns:
       The `TrainState`. Under a mesh, place `params`/`frozen` first; the optimizer state is
@@ -94,4 +102,41 @@ def init_train_state(
         key=key,
         kl=losses.KLControllerState(beta=jnp.asarray(kl.beta, jnp.float32)),
         reward_moments=reward_moments,
+        reference=reference,
     )
+
+
+def sync_reference(state: TrainState, alpha: float) -> TrainState:
+    """Move the reference toward the policy: `ref ← α·θ + (1 − α)·ref` over the trainable
+    policy parameters (`optax.incremental_update`); `α = 1` copies them exactly.
+
+    TR-DPO's soft update ("Learn Your Reference Model for Real Good Alignment",
+    arXiv 2404.09656; TRL `sync_ref_model` with `ref_model_mixup_alpha`, for DPO and GRPO) and,
+    with `α = 1`, ProRL's reference reset (arXiv 2505.24864). Each parameter keeps its dtype.
+
+    Args:
+      state: a state whose `reference` is set (`init_train_state(reference=...)`).
+      alpha: the policy's weight `α` in (0, 1].
+
+    Raises:
+      ValueError: no `reference` in the state, or `alpha` outside (0, 1].
+
+    Examples:
+      >>> s = init_train_state({"policy": {"w": jnp.array([1.0, 3.0])}}, {}, optax.sgd(0.1),
+      ...                      key=jax.random.key(0), reference={"w": jnp.zeros(2)})
+      >>> sync_reference(s, 0.25).reference["w"].tolist()
+      [0.25, 0.75]
+    """
+    if state.reference is None:
+        raise ValueError(
+            "sync_reference: the state holds no reference (init_train_state(reference=...))."
+        )
+    if not 0.0 < alpha <= 1.0:
+        raise ValueError(f"sync_reference: `alpha` must be in (0, 1], got {alpha!r}.")
+    policy = state.params["policy"]
+    if alpha == 1.0:
+        reference = jax.tree.map(lambda p, r: p.astype(r.dtype), policy, state.reference)
+    else:
+        mixed = optax.incremental_update(policy, state.reference, alpha)
+        reference = jax.tree.map(lambda m, r: m.astype(r.dtype), mixed, state.reference)
+    return state._replace(reference=reference)

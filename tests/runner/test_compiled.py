@@ -68,8 +68,8 @@ def loop_run(tmp_path_factory):
     return _host(state), data, history
 
 
-def _compiled_run(run_dir, K):
-    prepared = _prepared(run_dir, f"train.compiled_iterations={K}")
+def _compiled_run(run_dir, K, *extra):
+    prepared = _prepared(run_dir, f"train.compiled_iterations={K}", *extra)
     prepared.checkpointer.close()
     key = loop._stream_key(0, loop._SAMPLE_STREAM)
     out = list(compiled_steps(prepared.context, prepared.state, prepared.data, 0, STEPS, key))
@@ -99,6 +99,31 @@ def test_chunks_of_two_match_the_loop_to_the_last_bit(loop_run, tmp_path):
     # by hand); these tests compile with most optimisations off (conftest), where the scan's loop
     # body may round the update's last bit differently: observed <= 1.5e-8 on weights ~0.1.
     for a, b in zip(state, state_loop, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_reference_sync_inside_the_compiled_iteration_matches_the_loop(tmp_path):
+    """`train.reference_sync` runs inside the scan (a `lax.cond` on the step) as the loop runs
+    it after each update: the same reference, KL and parameters."""
+    sync = "train.reference_sync={every: 1, alpha: 0.5}"
+    prepared = _prepared(tmp_path / "loop", sync)
+    prepared.checkpointer.close()
+    ctx, state, data = prepared.context, prepared.state, prepared.data
+    history = []
+    for step in range(1, STEPS + 1):
+        state, data, metrics = loop._rl_step(ctx, state, data, step)
+        state = loop._sync_reference(ctx, state, step, metrics)
+        history.append(_comparable(metrics))
+    _, _, compiled_state, _, compiled = _compiled_run(tmp_path / "compiled", 2, sync)
+    assert [m["ref/synced"] for m in compiled] == [m["ref/synced"] for m in history] == [1.0] * 2
+    assert compiled[1]["kl/mean"] > 0  # step 2 reads the synced reference, not the policy
+    for ours, theirs in zip(compiled, history, strict=True):
+        assert ours.keys() == theirs.keys()
+        for key, value in theirs.items():
+            np.testing.assert_allclose(ours[key], value, rtol=1e-5, atol=1e-7, err_msg=key)
+    host = _host(state)
+    assert len(compiled_state) == len(host)  # the reference is part of both states
+    for a, b in zip(compiled_state, host, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 

@@ -132,12 +132,13 @@ def check_sampler() -> int:
 
 
 def check_runner() -> float:
-    """`jaxrl-llm train` (GRPO, 2 steps, 8 prompts × 2 samples) with `parallel: pmap` logs the
-    metrics of `parallel: jit` on the same 8-device data mesh; returns the largest relative
-    difference."""
+    """`jaxrl-llm train` (GRPO, 2 steps, 8 prompts × 2 samples, the KL reference synced after
+    each step) with `parallel: pmap` logs the metrics of `parallel: jit` on the same 8-device
+    data mesh; returns the largest relative difference."""
     overrides = [
         *TINY,
         "train.prompts_per_step=8",
+        "train.reference_sync={every: 1, alpha: 0.5}",
         "train.eval_prompts=0",
         "checkpoint.every=100",
         "export.enabled=false",
@@ -152,6 +153,7 @@ def check_runner() -> float:
             runs[parallel] = train_records(run_dir)
     jit, pmap = runs["jit"], runs["pmap"]
     assert [r["step"] for r in pmap] == [1, 2], pmap
+    assert [r["ref/synced"] for r in pmap] == [1.0, 1.0] and pmap[1]["kl/mean"] > 0, pmap
     worst = 0.0
     for a, b in zip(jit, pmap, strict=True):
         assert sorted(a) == sorted(b)
@@ -165,8 +167,10 @@ def check_runner() -> float:
 def check_preference_runner() -> float:
     """`jaxrl-llm train configs/bco.yaml` (8 pairs, 2 steps) runs on a (2, 4, 1) mesh: the
     per-row fields that the preparation adds (BCO's shift δ, KTO's reference point) are placed
-    over the batch axes, as the update step takes them. Returns δ after step 2."""
+    over the batch axes, as the update step takes them; the reference is synced into the
+    state (placed like the parameters) after each step. Returns δ after step 2."""
     overrides = [*PREFERENCE, "train.prompts_per_step=8", "train.eval_prompts=0"]
+    overrides += ["train.reference_sync={every: 1, alpha: 0.5}"]
     overrides += ["export.enabled=false", "mesh={data: 2, fsdp: 4, tensor: 1, axis_types: auto}"]
     with tempfile.TemporaryDirectory() as tmp:
         argv = ["train", str(CONFIGS / "bco.yaml"), *overrides, "--run-dir", tmp]

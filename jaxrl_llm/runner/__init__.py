@@ -44,7 +44,7 @@ from jaxrl_llm.runner.config import (
 )
 from jaxrl_llm.runner.context import RunContext, reference_policy
 from jaxrl_llm.runner.eval_run import evaluate_run, format_eval_table, parse_checkpoint
-from jaxrl_llm.runner.evaluate import evaluate_policy, pass_at_k
+from jaxrl_llm.runner.evaluate import evaluate_policy, evaluate_sft, pass_at_k
 from jaxrl_llm.runner.faults import fault_point, parse_fault
 from jaxrl_llm.runner.health import (
     SkipTracker,
@@ -77,6 +77,7 @@ from jaxrl_llm.runner.preference import (
 from jaxrl_llm.runner.programs import (
     advantage_program,
     logprob_program,
+    nll_program,
     prompt_group_size,
     reference_sync_program,
     rollout_program,
@@ -106,7 +107,15 @@ from jaxrl_llm.runner.setup import (
     update_row_groups,
 )
 from jaxrl_llm.runner.signals import GracefulStop
-from jaxrl_llm.runner.task import TaskData, load_task, packed_sft_batch, prompt_batch, sft_batch
+from jaxrl_llm.runner.task import (
+    TaskData,
+    answer_fits,
+    load_task,
+    packed_sft_batch,
+    pad_rows,
+    prompt_batch,
+    sft_batch,
+)
 from jaxrl_llm.runner.warm_start import warm_start_hash, warm_start_policy
 
 __all__ = [
@@ -128,6 +137,7 @@ __all__ = [
     "TrainingDivergedError",
     "WarmStartConfig",
     "advantage_program",
+    "answer_fits",
     "apply_overrides",
     "build_context",
     "build_critic",
@@ -150,6 +160,7 @@ __all__ = [
     "evaluate_policy",
     "evaluate_preference",
     "evaluate_run",
+    "evaluate_sft",
     "export_policy",
     "fault_point",
     "format_eval_table",
@@ -164,8 +175,10 @@ __all__ = [
     "load_task",
     "logprob_program",
     "make_iteration",
+    "nll_program",
     "nonfinite_terms",
     "packed_sft_batch",
+    "pad_rows",
     "parse_checkpoint",
     "parse_fault",
     "parse_override",

@@ -13,6 +13,10 @@ verifiers do for a right answer):
 The estimator is from "Evaluating Large Language Models Trained on Code" (Chen et al., arXiv
 2107.03374). `eval/accuracy` is pass@1 of the same samples. The sampling keys depend only on
 the seed and the step, so an evaluation is reproducible and does not disturb training.
+
+An SFT run also reports the held-out loss of its objective (TRL's `eval_loss`,
+`evaluate_sft`): `eval/sft/nll`, the mean NLL per completion token of the eval subset's
+(prompt, answer + EOS) pairs, over `eval/sft/tokens` tokens.
 """
 
 from __future__ import annotations
@@ -26,10 +30,11 @@ import numpy as np
 
 from jaxrl_llm.data import eval_batches
 from jaxrl_llm.runner.context import RunContext
-from jaxrl_llm.runner.programs import rollout_program
+from jaxrl_llm.runner.programs import nll_program, rollout_program
 from jaxrl_llm.runner.rollout import in_graph_stop_ids, run_rollout
 from jaxrl_llm.runner.scoring import component_rewards
-from jaxrl_llm.runner.task import prompt_batch
+from jaxrl_llm.runner.task import answer_fits, pad_rows, prompt_batch, sft_batch
+from jaxrl_llm.train.shardings import batch_sharding
 from sharding import fetch_global
 
 
@@ -147,3 +152,32 @@ def evaluate_policy(
         metrics[f"eval/pass@{k}"] = float(pass_at_k(n, correct, k).mean())
     metrics["time/eval_s"] = time.perf_counter() - started
     return metrics
+
+
+def evaluate_sft(ctx: RunContext, params: Any, frozen: Any) -> dict[str, float]:
+    """The held-out NLL of an SFT run (module docstring): the eval subset's pairs whose answer
+    and EOS fit the completion budget, in batches of `train.prompts_per_step` (the last one
+    padded with rows that hold no target), with the policy's parameters.
+
+    Returns:
+      `{"eval/sft/nll", "eval/sft/tokens"}`; `{}` when no eval pair fits.
+
+    Examples:
+      >>> from types import SimpleNamespace
+      >>> evaluate_sft(SimpleNamespace(task=SimpleNamespace(eval=[])), params=None, frozen=None)
+      {}
+    """
+    pairs = [e for e in ctx.task.eval if answer_fits(ctx.task, e, ctx.config, ctx.tokenizer)]
+    if not pairs:
+        return {}
+    B = ctx.config.train.prompts_per_step
+    run = nll_program(ctx.graphs.policy, ctx.config.sft.chunk_size)
+    total = tokens = 0.0
+    with jax.set_mesh(ctx.mesh):
+        for first in range(0, len(pairs), B):
+            batch = sft_batch(ctx.task, pairs[first : first + B], ctx.config, ctx.tokenizer)
+            batch = pad_rows(batch, B, ctx.tokenizer.pad_id)  # the last batch: empty rows
+            batch = jax.device_put(batch, batch_sharding(ctx.mesh))
+            nll, count = fetch_global(run(params, frozen, batch))
+            total, tokens = total + float(nll), tokens + float(count)
+    return {"eval/sft/nll": total / max(tokens, 1.0), "eval/sft/tokens": tokens}

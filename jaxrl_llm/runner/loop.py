@@ -55,7 +55,7 @@ from jaxrl_llm.metrics_log import (
 from jaxrl_llm.runner.compiled import compiled_steps
 from jaxrl_llm.runner.config import RunConfig, config_to_dict
 from jaxrl_llm.runner.context import RunContext, reference_policy
-from jaxrl_llm.runner.evaluate import evaluate_policy
+from jaxrl_llm.runner.evaluate import evaluate_policy, evaluate_sft
 from jaxrl_llm.runner.faults import fault_point
 from jaxrl_llm.runner.health import (
     SkipTracker,
@@ -262,6 +262,8 @@ def _meta(
 def _evaluation(ctx: RunContext, state: TrainState, step: int) -> dict[str, float]:
     key = jax.random.fold_in(_stream_key(ctx.config.seed, _EVAL_STREAM), step)
     metrics = evaluate_policy(ctx, state.params["policy"], state.frozen["policy"], key)
+    if ctx.config.kind == "sft":
+        metrics.update(evaluate_sft(ctx, state.params["policy"], state.frozen["policy"]))
     return {**metrics, **evaluate_preference(ctx, state)}
 
 
@@ -270,7 +272,7 @@ def _plot(run_dir: Any) -> None:
     if not path.exists():
         return
     present = {k for record in read_metrics(path) for k in record}
-    plotted = (*DEFAULT_PLOT_KEYS, "sft/nll", "pref/accuracy", "eval/pref/accuracy")
+    plotted = (*DEFAULT_PLOT_KEYS, "sft/nll", "eval/sft/nll", "pref/accuracy", "eval/pref/accuracy")
     plotted += ("rm/accuracy", "eval/rm/accuracy")
     keys = [k for k in plotted if k in present]
     if keys:

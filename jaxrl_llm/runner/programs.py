@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh
 
@@ -38,6 +39,7 @@ from jaxrl_llm.train import (
     RewardModelConfig,
     SFTConfig,
     build_rl_batch,
+    completion_logprobs,
     kl_controller,
     make_logprob_fn,
     make_optimizer,
@@ -229,6 +231,27 @@ def preference_eval_program(
     def run(params: Any, frozen: Any, batch: Any) -> dict[str, jax.Array]:
         _, metrics = objective.loss(params, frozen, batch, objective.normalizers(batch), 0.0)
         return metrics
+
+    return run
+
+
+@functools.lru_cache(maxsize=_CACHE_SIZE)
+def nll_program(graphdef: Any, chunk_size: int | None = None) -> Callable[..., Any]:
+    """`(params, frozen, batch) -> (Σ −log π(y_t), Σ m_t)` over a `SequenceBatch`'s completion
+    tokens, under `jax.jit` (no gradient): the held-out NLL of an SFT run
+    (`runner.evaluate.evaluate_sft`), summed so that batches combine exactly.
+
+    Examples:
+      >>> nll_program(None) is nll_program(None)
+      True
+    """
+
+    @jax.jit
+    def run(params: Any, frozen: Any, batch: Any) -> tuple[jax.Array, jax.Array]:
+        policy = nnx.merge(graphdef, params, frozen)
+        logp, _, _ = completion_logprobs(policy, batch, chunk_size=chunk_size)
+        mask = batch.completion_mask > 0
+        return jnp.sum(jnp.where(mask, -logp, 0.0)), jnp.sum(mask.astype(jnp.float32))
 
     return run
 

@@ -189,6 +189,21 @@ def load_task(config: RunConfig, tokenizer: Any) -> TaskData:
     )
 
 
+def answer_fits(task: TaskData, example: dict, config: RunConfig, tokenizer: Any) -> bool:
+    """Whether the example's answer and EOS fit the completion budget `T` (a supervised pair).
+
+    Examples:
+      >>> from jaxrl_llm.tokenizer import ByteTokenizer
+      >>> from jaxrl_llm.runner.config import ModelSection
+      >>> from jaxrl_llm.train import SFTConfig
+      >>> cfg = RunConfig(model=ModelSection(checkpoint="/m"), sft=SFTConfig())
+      >>> task = TaskData([], [], np.zeros(0, int), 6, 2, 3, {}, 0)
+      >>> [answer_fits(task, {"prompt": "", "answer": a}, cfg, ByteTokenizer()) for a in ("12", "123")]
+      [True, False]
+    """
+    return len(_answer_ids(example, config, tokenizer)) + 1 <= task.completion_length
+
+
 def prompt_batch(
     task: TaskData, examples: Sequence[dict], config: RunConfig, tokenizer: Any
 ) -> PromptBatch:
@@ -286,10 +301,25 @@ def packed_sft_batch(
     rows = unit
     while rows < packed.tokens.shape[0]:
         rows *= 2
-    extra = min(rows, batch.tokens.shape[0]) - packed.tokens.shape[0]
+    return pad_rows(packed, min(rows, batch.tokens.shape[0]), pad_id)
+
+
+def pad_rows(batch: SequenceBatch, rows: int, pad_id: int) -> SequenceBatch:
+    """`batch` with rows of padding appended up to `rows`: `pad_id` tokens, no attention, no
+    target (and segment 0), so that no loss or count sees them.
+
+    Examples:
+      >>> b = SequenceBatch(np.ones((1, 3), np.int32), np.ones((1, 3)), np.ones((1, 2)))
+      >>> padded = pad_rows(b, 2, pad_id=9)
+      >>> padded.tokens.tolist(), padded.completion_mask.tolist()
+      ([[1, 1, 1], [9, 9, 9]], [[1.0, 1.0], [0.0, 0.0]])
+    """
+    extra = rows - batch.tokens.shape[0]
+    if extra < 0:
+        raise ValueError(f"pad_rows: the batch has {batch.tokens.shape[0]} rows, more than {rows}.")
     return SequenceBatch(
         *(
-            np.pad(x, [(0, extra), (0, 0)], constant_values=pad_id if i == 0 else 0)
-            for i, x in enumerate(packed)
+            None if x is None else np.pad(x, [(0, extra), (0, 0)], constant_values=fill)
+            for x, fill in zip(batch, (pad_id, 0, 0, 0), strict=True)
         )
     )

@@ -107,6 +107,8 @@ def test_sft_config_runs(tmp_path):
     assert main(["train", str(path), *overrides, "--run-dir", str(run_dir)]) == 0
     summary, _ = _check_run(run_dir, {"sft/nll", "loss/total", "optim/grad_norm"})
     assert summary["kind"] == "sft"
+    held_out = [r["eval/sft/nll"] for r in records(run_dir) if "eval/accuracy" in r]
+    assert len(held_out) == 2 and held_out[1] < held_out[0], held_out  # the held-out NLL falls
     assert _moved_parameters(run_dir, overrides, path) > 0
 
 

@@ -6,14 +6,19 @@ import itertools
 import json
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from jaxrl_llm.cli import main
 from jaxrl_llm.models import from_pretrained
-from jaxrl_llm.runner import pass_at_k
+from jaxrl_llm.runner import load_run_config, pass_at_k, prepare_run
+from jaxrl_llm.runner.evaluate import evaluate_sft
+from jaxrl_llm.runner.task import answer_fits, sft_batch
 from jaxrl_llm.sampler import generate
 from jaxrl_llm.tokenizer import ByteTokenizer
+from jaxrl_llm.train import completion_logprobs
 from tests.runner.helpers import CONFIGS, TINY, even_checksum
 
 GRPO = str(CONFIGS / "grpo.yaml")
@@ -102,3 +107,32 @@ def test_eval_command_on_a_trained_run(tmp_path, capsys):
     capsys.readouterr()
     assert main(["eval", GRPO, *overrides, "--checkpoint", "7", "--run-dir", str(tmp_path)]) == 2
     assert "step 7 has no complete checkpoint" in capsys.readouterr().err
+
+
+def test_sft_eval_nll_is_the_token_mean_over_every_fitting_eval_pair(tmp_path):
+    """`evaluate_sft` in batches of `prompts_per_step` (the last padded) equals one forward over
+    all the eval pairs whose answer fits, token-weighted; pairs that do not fit are left out."""
+    overrides = [
+        *TINY,
+        "train.prompts_per_step=3",
+        "train.eval_prompts=4",
+        "sampling.max_new_tokens=3",
+    ]
+    config = load_run_config(str(CONFIGS / "sft.yaml"), overrides, run_dir=tmp_path)
+    prepared = prepare_run(config)
+    prepared.checkpointer.close()
+    ctx, state = prepared.context, prepared.state
+    policy, frozen = state.params["policy"], state.frozen["policy"]
+    out = evaluate_sft(ctx, policy, frozen)
+    pairs = [e for e in ctx.task.eval if answer_fits(ctx.task, e, config, ctx.tokenizer)]
+    assert 0 < len(pairs) <= 4 and out["eval/sft/tokens"] > 0
+    batch = sft_batch(ctx.task, pairs, config, ctx.tokenizer)
+    model = nnx.merge(ctx.graphs.policy, policy, frozen)
+    logp, _, _ = completion_logprobs(model, jax.tree.map(jnp.asarray, batch))
+    mask = np.asarray(batch.completion_mask) > 0
+    expected = -np.asarray(logp, np.float64)[mask].mean()
+    assert out["eval/sft/tokens"] == mask.sum()
+    np.testing.assert_allclose(out["eval/sft/nll"], expected, rtol=1e-5)
+    long = [dict(ctx.task.eval[0], answer="9" * 5)]  # answer + EOS longer than T = 3
+    assert not answer_fits(ctx.task, long[0], config, ctx.tokenizer)
+    assert evaluate_sft(ctx._replace(task=ctx.task._replace(eval=long)), policy, frozen) == {}

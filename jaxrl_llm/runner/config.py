@@ -307,6 +307,9 @@ class WarmStartConfig:
       steps: SFT steps.
       learning_rate: AdamW learning rate (constant, gradient clipping at 1).
       batch_size: pairs per step.
+      packing: pack each step's pairs several to a row, as `sft.packing` (the same loss and
+        gradient with fewer padded slots).
+      packing_length: slots per packed row, at least `P + T` (None: `P + T`).
 
     Examples:
       >>> WarmStartConfig(steps=50).batch_size
@@ -316,6 +319,8 @@ class WarmStartConfig:
     steps: int
     learning_rate: float = 1e-3
     batch_size: int = 16
+    packing: bool = False
+    packing_length: int | None = None
 
     def __post_init__(self) -> None:
         for key in ("steps", "batch_size"):
@@ -323,6 +328,8 @@ class WarmStartConfig:
                 raise ConfigError(f"warm_start.{key}: must be >= 1, got {getattr(self, key)}.")
         if not self.learning_rate > 0:
             raise ConfigError(f"warm_start.learning_rate: must be > 0, got {self.learning_rate}.")
+        if self.packing_length is not None and not self.packing:
+            raise ConfigError("warm_start.packing_length: set, but warm_start.packing is off.")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

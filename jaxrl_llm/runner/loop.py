@@ -76,7 +76,7 @@ from jaxrl_llm.runner.programs import (
 from jaxrl_llm.runner.rollout import collect, forward_in_row_groups
 from jaxrl_llm.runner.setup import PreparedRun, prepare_run
 from jaxrl_llm.runner.signals import GracefulStop
-from jaxrl_llm.runner.task import packed_sft_batch, sft_batch
+from jaxrl_llm.runner.task import packed_sft_batch, packing_row_unit, sft_batch
 from jaxrl_llm.train import TrainState
 from jaxrl_llm.train.shardings import batch_devices, batch_sharding
 from sharding import any_process, fetch_global, is_main_process
@@ -179,9 +179,12 @@ def _sft_step(
     batch = sft_batch(task, examples, ctx.config, ctx.tokenizer)
     tokens = float(batch.completion_mask.sum())
     packing: dict[str, float] = {}
-    if ctx.config.sft.packing:
+    sft = ctx.config.sft
+    if sft.packing:
+        parts = sft.minibatches * ctx.config.optim.accumulation_steps
+        unit = packing_row_unit(parts, batch_devices(ctx.mesh), ctx.config.parallel)
         batch = packed_sft_batch(
-            task, batch, ctx.config, ctx.tokenizer.pad_id, batch_devices(ctx.mesh)
+            task, batch, length=sft.packing_length, unit=unit, pad_id=ctx.tokenizer.pad_id
         )
         packing = {
             "sft/packed_rows": float(batch.tokens.shape[0]),

@@ -171,12 +171,13 @@ def load_task(config: RunConfig, tokenizer: Any) -> TaskData:
             f"sampling.max_new_tokens: no train answer (+ EOS) fits in {T} tokens, so there is "
             "nothing to fine-tune on; raise max_new_tokens."
         )
-    sft = config.sft if config.kind == "sft" else None
-    if sft is not None and sft.packing_length is not None and sft.packing_length < P + T:
-        raise ConfigError(
-            f"sft.packing_length: {sft.packing_length} slots per packed row are fewer than a "
-            f"padded pair's P + T = {P} + {T} = {P + T}; use at least {P + T} or null."
-        )
+    for name, section in (("sft", config.sft), ("warm_start", config.warm_start)):
+        length = getattr(section, "packing_length", None)
+        if length is not None and length < P + T:
+            raise ConfigError(
+                f"{name}.packing_length: {length} slots per packed row are fewer than a "
+                f"padded pair's P + T = {P} + {T} = {P + T}; use at least {P + T} or null."
+            )
     return TaskData(
         train=train,
         eval=evals,
@@ -270,15 +271,15 @@ def sft_batch(
 
 
 def packed_sft_batch(
-    task: TaskData, batch: SequenceBatch, config: RunConfig, pad_id: int, batch_devices: int
+    task: TaskData, batch: SequenceBatch, *, length: int | None, unit: int, pad_id: int
 ) -> SequenceBatch:
-    """`sft_batch`'s pairs packed several to a row (`sft.packing`; `jaxrl_llm.train.pack_batch`).
+    """`sft_batch`'s pairs packed several to a row (`sft.packing`, `warm_start.packing`;
+    `jaxrl_llm.train.pack_batch`).
 
-    Rows of `sft.packing_length` slots (None: `P + T`); their count is the smallest
-    `u · 2^k` that holds the packing, at most the `B` padded rows, with `u` the rows every
-    update step needs a multiple of (`minibatches × accumulation_steps` and the batch devices,
-    whose least common multiple under `parallel: jit`, product under `pmap`): a run compiles
-    one update program per count it meets, `log2(B / u) + 1` at most.
+    Rows of `length` slots (None: `P + T`); their count is the smallest `unit · 2^k` that
+    holds the packing, at most the `B` padded rows (`unit`: the rows every update step needs a
+    multiple of, `packing_row_unit`), so a run compiles one update program per count it meets,
+    `log2(B / unit) + 1` at most.
 
     Examples:
       >>> from jaxrl_llm.tokenizer import ByteTokenizer
@@ -288,20 +289,28 @@ def packed_sft_batch(
       >>> task = TaskData([], [], np.zeros(0, int), 6, 2, 4, {}, 0)
       >>> pairs = [{"prompt": "1+1=", "answer": "2"}, {"prompt": "2+2=", "answer": "4"}]
       >>> b = sft_batch(task, pairs, cfg, ByteTokenizer())
-      >>> p = packed_sft_batch(task, b, cfg, 256, batch_devices=1)
+      >>> p = packed_sft_batch(task, b, length=None, unit=1, pad_id=256)
       >>> p.tokens.shape, p.segment_ids.tolist()  # 7 real tokens each: one row of 10 each
       ((2, 10), [[1, 1, 1, 1, 1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1, 1, 0, 0, 0]])
     """
-    sft = config.sft
-    length = sft.packing_length or task.prompt_length + task.completion_length
-    parts = sft.minibatches * config.optim.accumulation_steps
-    pmap = config.parallel == "pmap"
-    unit = parts * batch_devices if pmap else math.lcm(parts, batch_devices)
+    length = length or task.prompt_length + task.completion_length
     packed = pack_batch(batch, length=length, pad_id=pad_id)
     rows = unit
     while rows < packed.tokens.shape[0]:
         rows *= 2
     return pad_rows(packed, min(rows, batch.tokens.shape[0]), pad_id)
+
+
+def packing_row_unit(parts: int, batch_devices: int, parallel: str) -> int:
+    """The rows a packed batch needs a multiple of: `parts = minibatches × accumulation_steps`
+    micro-batches, split over `batch_devices` (their least common multiple under
+    `parallel: jit`; under `pmap` every device splits its own rows, so their product).
+
+    Examples:
+      >>> packing_row_unit(2, 4, "jit"), packing_row_unit(2, 4, "pmap")
+      (4, 8)
+    """
+    return parts * batch_devices if parallel == "pmap" else math.lcm(parts, batch_devices)
 
 
 def pad_rows(batch: SequenceBatch, rows: int, pad_id: int) -> SequenceBatch:

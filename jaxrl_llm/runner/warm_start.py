@@ -25,9 +25,9 @@ from jaxrl_llm.checkpoint import Checkpointer
 from jaxrl_llm.data import IteratorState, next_batch
 from jaxrl_llm.runner.config import RunConfig, config_hash
 from jaxrl_llm.runner.programs import update_program
-from jaxrl_llm.runner.task import TaskData, sft_batch
+from jaxrl_llm.runner.task import TaskData, packed_sft_batch, packing_row_unit, sft_batch
 from jaxrl_llm.train import ModelGraphs, OptimConfig, SFTConfig, init_train_state, make_optimizer
-from jaxrl_llm.train.shardings import batch_sharding, train_state_shardings
+from jaxrl_llm.train.shardings import batch_devices, batch_sharding, train_state_shardings
 from sharding import place_global
 
 log = logging.getLogger(__name__)
@@ -140,7 +140,9 @@ def _train(
     )
     # the step is compiled for the state's mesh layout (the fresh optimizer moments included)
     state = place_global(state, train_state_shardings(state, mesh, optimizer))
-    step = update_program(SFTConfig(), policy_graphs, optim, mesh, state, config.parallel)
+    objective = SFTConfig(packing=section.packing, packing_length=section.packing_length)
+    step = update_program(objective, policy_graphs, optim, mesh, state, config.parallel)
+    unit = packing_row_unit(1, batch_devices(mesh), config.parallel)
     position = IteratorState(seed=config.data.seed + 1, epoch=0, position=0)
     sharding = batch_sharding(mesh)
     nll = []
@@ -149,7 +151,12 @@ def _train(
             position, num_examples=len(task.sft_train), batch_size=section.batch_size
         )
         examples = [task.train[task.sft_train[j]] for j in indices]
-        batch = jax.device_put(sft_batch(task, examples, config, tokenizer), sharding)
+        batch = sft_batch(task, examples, config, tokenizer)
+        if section.packing:
+            batch = packed_sft_batch(
+                task, batch, length=section.packing_length, unit=unit, pad_id=tokenizer.pad_id
+            )
+        batch = jax.device_put(batch, sharding)
         state, metrics = step(state, batch)
         if i == 0 or i == section.steps - 1 or (i + 1) % max(1, section.steps // 10) == 0:
             value = float(metrics["sft/nll"])

@@ -145,6 +145,20 @@ def test_warm_start_is_cached_and_reused(tmp_path):
     assert len(list((tmp_path / "warm_start").iterdir())) == 1
 
 
+def test_a_packed_warm_start_trains_as_the_padded_one(tmp_path):
+    """`warm_start.packing`: the same steps on pairs packed several to a row give the same
+    losses (float rounding apart), as the SFT run's packing does."""
+    common = [*TINY, "train.steps=1", "train.eval_prompts=0", "export.enabled=false"]
+    ws = "warm_start={steps: 6, learning_rate: 1.0e-2, batch_size: 4"
+    setups = []
+    for name, extra in (("padded", "}"), ("packed", ", packing: true, packing_length: 32}")):
+        assert main(["train", GRPO, *common, ws + extra, "--run-dir", str(tmp_path / name)]) == 0
+        setups.append(json.loads((tmp_path / name / "summary.json").read_text())["setup"])
+    for key in ("warm_start/nll_first", "warm_start/nll_last"):
+        np.testing.assert_allclose(setups[1][key], setups[0][key], rtol=1e-5)
+    assert setups[0]["warm_start/nll_last"] < setups[0]["warm_start/nll_first"]
+
+
 def test_sft_and_warm_start_share_the_optimizer_settings():
     """The tests' SFT run and warm start compile one SFT step (same optimizer and shapes)."""
     sft = load_run_config(CONFIGS / "sft.yaml", [*TINY, *SFT_OPTIM], run_dir="x")

@@ -228,7 +228,7 @@ def _update_batch(spec: _Spec) -> Callable[..., Any]:
             completion_mask=out.completion_mask.astype(jnp.float32),
         )
         old = logprob(policy, frozen, seqs) if reuses_batch or alg.kl.mode == "reward" else None
-        ref = logprob(reference, frozen, seqs) if alg.kl.mode != "none" else None
+        ref = logprob(reference, frozen, seqs) if alg.needs_reference else None
         values = values_of(state.params, state.frozen, seqs) if values_of is not None else None
         return advantages(
             tokens=seqs.tokens,

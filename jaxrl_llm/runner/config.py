@@ -446,7 +446,7 @@ class RunConfig:
         """Whether the run reads a reference policy: an RL algorithm with a KL term, or a
         preference loss with reference log-probs (DPO, RPO, KTO, BCO)."""
         alg, pref = self.algorithm, self.preference
-        return (alg is not None and alg.kl.mode != "none") or (
+        return (alg is not None and alg.needs_reference) or (
             pref is not None and pref.uses_reference
         )
 
@@ -684,6 +684,18 @@ def _validate_algorithm(cfg: RunConfig, alg: AlgorithmConfig) -> None:
             f"algorithm.temperature: the update scores the sampler's policy, so it must equal "
             f"sampling.temperature ({cfg.sampling.temperature}), got {alg.temperature}."
         )
+    if alg.policy_loss.name == "online_dpo":
+        if G != 2:
+            raise ConfigError(
+                f"sampling.num_samples: online DPO pairs each prompt's two samples; set it to 2, "
+                f"got {G}."
+            )
+        if cfg.optim.accumulation_steps != 1:
+            raise ConfigError(
+                "optim.accumulation_steps: online DPO keeps each pair in one micro-batch; "
+                f"micro-batches take strided rows, so it must be 1, got "
+                f"{cfg.optim.accumulation_steps}."
+            )
 
 
 def _validate_rewards(cfg: RunConfig) -> None:

@@ -122,7 +122,7 @@ def _rl_step(
         )
         ref = (
             forward_in_row_groups(ctx, logprob, reference_policy(ctx, state), policy_frozen, seqs)
-            if alg.kl.mode != "none"
+            if alg.needs_reference
             else None
         )
         values = (

@@ -32,6 +32,8 @@ from jaxrl_llm.train.algorithms import (
     PolicyLossConfig,
     RolloutCorrectionConfig,
     kl_controller,
+    online_dpo_normalizers,
+    online_dpo_pairs,
     preset,
     rl_loss,
 )
@@ -163,6 +165,8 @@ __all__ = [
     "make_update_step",
     "make_value_fn",
     "micro_batch_stats",
+    "online_dpo_normalizers",
+    "online_dpo_pairs",
     "pack_batch",
     "pair_valid",
     "param_path",

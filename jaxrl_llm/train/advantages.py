@@ -260,7 +260,7 @@ def build_rl_batch(
         completion_mask=mask,
         advantages=out.advantages * mask,
         old_logp=old_logp,
-        ref_logp=ref_logp if config.kl.mode != "none" else None,
+        ref_logp=ref_logp if config.needs_reference else None,
         old_values=old_values if config.critic is not None else None,
         returns=out.returns if config.critic is not None else None,
         rollout_logp=rollout_logp if config.rollout_correction is not None else None,

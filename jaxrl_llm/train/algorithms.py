@@ -9,6 +9,12 @@ composes them for one micro-batch:
         − c_H·aggregate(H, m; agg)                       entropy bonus
         + c_V·L_V(V, V_old, R, m; critic.agg)            critic (PPO)
 
+The policy loss "online_dpo" is a preference loss instead (Online DPO, "Direct Language Model
+Alignment from Online AI Feedback", arXiv 2402.04792; TRL's `OnlineDPOTrainer`): each prompt's
+two samples form a pair, the one with the higher advantage (so the higher reward, for the
+grouped estimators) is chosen, and `losses.dpo_loss` compares their sequence log-prob sums with
+the reference's (`online_dpo_pairs`); pairs with equal rewards are left out.
+
 every term aggregated with the micro-batch's share of the *global* normalisers, so the loss of
 an optimizer update is the sum of its micro-batches' losses. KL in the reward (kl.mode =
 "reward") and the advantages themselves are computed before the update
@@ -33,11 +39,11 @@ import jax
 import jax.numpy as jnp
 
 import losses
-from jaxrl_llm.train.batch import Normalizers, RLBatch
+from jaxrl_llm.train.batch import Normalizers, RLBatch, count_normalizers
 from losses.aggregation import AggMode
 
 Estimator = Literal["group", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gae"]
-PolicyLossName = Literal["ppo_clip", "gspo", "cispo", "sapo", "gmpo", "reinforce"]
+PolicyLossName = Literal["ppo_clip", "gspo", "cispo", "sapo", "gmpo", "reinforce", "online_dpo"]
 GROUPED_ESTIMATORS = ("group", "rloo", "reinforce_pp_baseline")
 
 # the fields of PolicyLossConfig each loss reads (the others must stay None)
@@ -48,6 +54,7 @@ _LOSS_FIELDS: dict[str, tuple[str, ...]] = {
     "sapo": ("tau_pos", "tau_neg", "agg", "norm_length"),
     "gmpo": ("clip_low", "clip_high", "agg"),
     "reinforce": ("agg", "norm_length"),
+    "online_dpo": ("beta", "loss_type"),
 }
 # each loss's own default aggregation (used by the KL and entropy terms too, §7.4)
 _DEFAULT_AGG = {
@@ -57,6 +64,7 @@ _DEFAULT_AGG = {
     "sapo": "seq_mean_token_mean",
     "gmpo": "seq_mean_token_mean",
     "reinforce": "token_mean",
+    "online_dpo": "token_mean",  # of the entropy bonus; the loss itself is a mean over pairs
 }
 _ESTIMATOR_FIELDS: dict[str, tuple[str, ...]] = {
     "group": ("scale", "eps", "ddof"),
@@ -152,7 +160,7 @@ class PolicyLossConfig:
     """The policy loss of `losses` and its keywords (None: the loss's own default).
 
     Attributes:
-      name: "ppo_clip", "gspo", "cispo", "sapo", "gmpo" or "reinforce".
+      name: "ppo_clip", "gspo", "cispo", "sapo", "gmpo", "reinforce" or "online_dpo".
       clip_low, clip_high: clip ranges (ppo_clip, gspo, cispo, gmpo).
       dual_clip, ratio_cap: ppo_clip only.
       level: gspo only ("sequence_token" or "sequence").
@@ -160,6 +168,8 @@ class PolicyLossConfig:
       tau_pos, tau_neg: sapo only.
       agg: aggregation mode of `losses.aggregate` (gmpo: only "seq_mean_token_mean").
       norm_length: constant divisor of "seq_mean_token_sum_norm" (None: the batch's `T`).
+      beta: online_dpo only: DPO's `β` (None: 0.1, TRL's default).
+      loss_type: online_dpo only: a `losses.dpo_loss` type (None: "sigmoid").
 
     Examples:
       >>> PolicyLossConfig(name="sapo").effective_agg
@@ -181,6 +191,8 @@ class PolicyLossConfig:
     tau_neg: float | None = None
     agg: AggMode | None = None
     norm_length: int | None = None
+    beta: float | None = None
+    loss_type: str | None = None
 
     def __post_init__(self) -> None:
         where = "PolicyLossConfig"
@@ -207,6 +219,13 @@ class PolicyLossConfig:
             value = getattr(self, key)
             if value is not None and value < 0:
                 raise ValueError(f"{where}: `{key}` must be >= 0, got {value!r}.")
+        if self.beta is not None and not self.beta > 0:
+            raise ValueError(f"{where}: `beta` must be > 0, got {self.beta!r}.")
+        if self.loss_type is not None and self.loss_type not in losses.DPO_LOSS_TYPES:
+            raise ValueError(
+                f"{where}: `loss_type` must be one of {', '.join(losses.DPO_LOSS_TYPES)}, got "
+                f"{self.loss_type!r}."
+            )
 
     @property
     def effective_agg(self) -> str:
@@ -412,6 +431,30 @@ class AlgorithmConfig:
             raise ValueError(
                 f"{where}: `chunk_size` must be >= 1 or null, got {self.chunk_size!r}."
             )
+        if self.policy_loss.name == "online_dpo":
+            self._check_online_dpo(where)
+
+    def _check_online_dpo(self, where: str) -> None:
+        """Online DPO reads pairs of whole sequences: the settings that change that refuse."""
+        problems = []
+        if self.advantage.estimator not in GROUPED_ESTIMATORS:
+            problems.append(
+                f"a grouped advantage estimator ({', '.join(GROUPED_ESTIMATORS)}) to rank each "
+                f"pair, got {self.advantage.estimator!r}"
+            )
+        if self.kl.mode != "none":
+            problems.append("kl.mode 'none' (β already ties the policy to the reference)")
+        if self.rollout_correction is not None:
+            problems.append("no rollout_correction")
+        if self.minibatches != 1:
+            problems.append("minibatches 1 (minibatches take strided rows and split the pairs)")
+        if problems:
+            raise ValueError(f"{where}: policy_loss 'online_dpo' needs " + "; ".join(problems))
+
+    @property
+    def needs_reference(self) -> bool:
+        """Whether the batch needs the reference's log-probs: a KL term, or online DPO."""
+        return self.kl.mode != "none" or self.policy_loss.name == "online_dpo"
 
 
 def kl_controller(config: KLConfig) -> losses.KLController:
@@ -444,6 +487,72 @@ def _policy_loss_fn(config: PolicyLossConfig) -> Callable[..., tuple[jax.Array, 
     if config.name == "reinforce":
         return lambda lp, old, adv, m, **kw: losses.reinforce_loss(lp, adv, m, **kw, **kwargs)
     return lambda lp, old, adv, m, **kw: fn(lp, old, adv, m, **kw, **kwargs)
+
+
+def online_dpo_pairs(advantages: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """`(first_chosen[B], valid[B])` of rows that come in pairs (rows `2b`, `2b + 1`: a prompt's
+    two samples): each row is scored by its mean advantage over its tokens; the higher one is
+    chosen, and a pair with equal scores (equal rewards) is not valid.
+
+    Examples:
+      >>> adv = jnp.array([[1.0, 1.0], [-1.0, -1.0], [0.0, 0.0], [0.0, 0.0]])
+      >>> first, valid = online_dpo_pairs(adv, jnp.ones((4, 2)))
+      >>> first.tolist(), valid.tolist()
+      ([True, False], [True, False])
+    """
+    if advantages.shape[0] % 2:
+        raise ValueError(
+            f"online_dpo_pairs: the rows come in pairs, got N = {advantages.shape[0]} rows."
+        )
+    m = (mask > 0).astype(jnp.float32)
+    score = jnp.sum(jnp.where(m > 0, advantages, 0.0), axis=1) / jnp.maximum(m.sum(axis=1), 1.0)
+    pairs = score.reshape(-1, 2)
+    return pairs[:, 0] > pairs[:, 1], pairs[:, 0] != pairs[:, 1]
+
+
+def online_dpo_normalizers(batch: RLBatch) -> Normalizers:
+    """`count_normalizers` with `num_seqs` = the valid pairs of `online_dpo_pairs` (the DPO
+    mean's denominator, global over the update like every count).
+
+    Examples:
+      >>> adv = jnp.array([[1.0], [-1.0], [0.0], [0.0]])
+      >>> b = RLBatch(jnp.zeros((4, 2), jnp.int32), jnp.ones((4, 2)), jnp.ones((4, 1)), adv)
+      >>> float(online_dpo_normalizers(b).num_seqs)
+      1.0
+    """
+    counts = count_normalizers(batch.completion_mask)
+    _, valid = online_dpo_pairs(batch.advantages, batch.completion_mask)
+    return counts._replace(num_seqs=jnp.sum(valid.astype(jnp.float32)))
+
+
+def _online_dpo_loss(
+    config: PolicyLossConfig, batch: RLBatch, logp: jax.Array, mask: jax.Array, norms: Normalizers
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """DPO on each prompt's pair of samples (module docstring), averaged over the update's
+    valid pairs (`norms.num_seqs`, from `online_dpo_normalizers`)."""
+    if batch.ref_logp is None:
+        raise ValueError("rl_loss: policy_loss 'online_dpo' needs `batch.ref_logp`.")
+    first, valid = online_dpo_pairs(batch.advantages, mask)
+
+    def chosen_and_rejected(per_token: jax.Array) -> tuple[jax.Array, jax.Array]:
+        seq = jnp.sum(jnp.where(mask > 0, per_token, 0.0), axis=1).reshape(-1, 2)
+        return jnp.where(first, seq[:, 0], seq[:, 1]), jnp.where(first, seq[:, 1], seq[:, 0])
+
+    chosen, rejected = chosen_and_rejected(logp)
+    ref_chosen, ref_rejected = chosen_and_rejected(batch.ref_logp)
+    loss, metrics = losses.dpo_loss(
+        chosen,
+        rejected,
+        ref_chosen,
+        ref_rejected,
+        beta=0.1 if config.beta is None else config.beta,
+        loss_type=config.loss_type or "sigmoid",
+        valid=valid.astype(jnp.float32),
+        num_pairs=jnp.maximum(norms.num_seqs, 1.0),
+    )
+    metrics = dict(metrics)
+    metrics["online_dpo/valid_pairs"] = jax.lax.stop_gradient(jnp.mean(valid.astype(jnp.float32)))
+    return loss, metrics
 
 
 def _seq_k1(old_logp: jax.Array, ref_logp: jax.Array, mask: jax.Array) -> jax.Array:
@@ -516,9 +625,12 @@ def rl_loss(
             low=rc.low,
             high=rc.high,
         )
-    pg, metrics = _policy_loss_fn(config.policy_loss)(
-        logp, old, batch.advantages, mask, is_weights=is_weights, **agg_kw
-    )
+    if config.policy_loss.name == "online_dpo":
+        pg, metrics = _online_dpo_loss(config.policy_loss, batch, logp, mask, norms)
+    else:
+        pg, metrics = _policy_loss_fn(config.policy_loss)(
+            logp, old, batch.advantages, mask, is_weights=is_weights, **agg_kw
+        )
     metrics = dict(metrics)
     parts = {"loss/policy": pg}
     total = pg
@@ -635,6 +747,13 @@ PRESETS: dict[str, AlgorithmConfig] = {
         critic=CriticConfig(kind="model", coef=0.1, clip=0.2),
         epochs=4,
     ),
+    # Online DPO (arXiv 2402.04792; TRL OnlineDPOTrainer): 2 samples per prompt ranked by the
+    # reward, sigmoid DPO loss with β 0.1 against the initial policy, one update per batch
+    "online_dpo": _preset(
+        "online_dpo",
+        advantage=AdvantageConfig(scale="none"),
+        policy_loss=PolicyLossConfig(name="online_dpo", beta=0.1, loss_type="sigmoid"),
+    ),
 }
 
 
@@ -647,7 +766,7 @@ def preset(name: str) -> AlgorithmConfig:
       >>> preset("grpo_v2")
       Traceback (most recent call last):
       ...
-      ValueError: preset: unknown algorithm 'grpo_v2'; known: cispo, dapo, dr_grpo, grpo, gspo, ppo, reinforce_pp, reinforce_pp_baseline, rloo, sapo.
+      ValueError: preset: unknown algorithm 'grpo_v2'; known: cispo, dapo, dr_grpo, grpo, gspo, online_dpo, ppo, reinforce_pp, reinforce_pp_baseline, rloo, sapo.
     """
     if name not in PRESETS:
         raise ValueError(

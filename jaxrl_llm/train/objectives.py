@@ -24,7 +24,7 @@ from flax import nnx
 
 import losses
 from jaxrl_llm.models import ValueHead, ValueModel
-from jaxrl_llm.train.algorithms import AlgorithmConfig, rl_loss
+from jaxrl_llm.train.algorithms import AlgorithmConfig, online_dpo_normalizers, rl_loss
 from jaxrl_llm.train.batch import (
     Normalizers,
     RLBatch,
@@ -97,6 +97,8 @@ def rl_objective(config: AlgorithmConfig, graphs: ModelGraphs, *, group_size: in
             + ("pass the critic to split_models." if kind else "split without a critic.")
         )
 
+    online_dpo = config.policy_loss.name == "online_dpo"
+
     def loss(
         params: dict, frozen: dict, batch: RLBatch, norms: Normalizers, kl_coef: Any
     ) -> tuple[jax.Array, dict[str, jax.Array]]:
@@ -141,12 +143,19 @@ def rl_objective(config: AlgorithmConfig, graphs: ModelGraphs, *, group_size: in
             )
         if config.kl.mode != "none" and batch.ref_logp is None:
             raise ValueError(f"{where}: kl.mode={config.kl.mode!r} needs `ref_logp` in the batch.")
+        if online_dpo and (batch.ref_logp is None or batch.tokens.shape[0] % 2):
+            raise ValueError(
+                f"{where}: policy_loss 'online_dpo' needs `ref_logp` in the batch and rows in "
+                f"pairs (each prompt's 2 samples), got {batch.tokens.shape[0]} rows"
+                + (" without ref_logp." if batch.ref_logp is None else ".")
+            )
         if config.critic is not None and (batch.returns is None or batch.old_values is None):
             raise ValueError(f"{where}: a critic needs `returns` and `old_values` in the batch.")
         if config.rollout_correction is not None and batch.rollout_logp is None:
             raise ValueError(f"{where}: `rollout_correction` needs `rollout_logp` in the batch.")
 
-    return Objective(loss=loss, normalizers=_normalizers, check=check, group_size=group_size)
+    normalizers = online_dpo_normalizers if online_dpo else _normalizers
+    return Objective(loss=loss, normalizers=normalizers, check=check, group_size=group_size)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -21,6 +21,7 @@ RL_CONFIGS = (
     "dr_grpo",
     "grpo",
     "gspo",
+    "online_dpo",
     "ppo",
     "ppo_value_head_adaptive_kl",
     "reinforce_pp",

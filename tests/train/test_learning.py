@@ -1,10 +1,11 @@
-"""Learning tests: GRPO and PPO with a critic on a toy task with a known optimum.
+"""Learning tests: GRPO, PPO with a critic, and online DPO on a toy task with a known optimum.
 
 Task: after a random 4-token prompt, write 4 tokens; the reward is the fraction of them in the
 target set {1, …, 8} of a 53-token vocabulary (optimum 1.0, a uniform policy scores 8/53 ≈ 0.15).
 Completions come from the compiled sampler (`jaxrl_llm.sampler.sample_tokens`, G samples per
 prompt); the loop is the one the training stack runs: sample → old / reference / critic
-forwards → rewards → `build_rl_batch` → compiled update step.
+forwards → rewards → `build_rl_batch` → compiled update step. Online DPO pairs consecutive rows
+(`online_dpo_pairs`), so each prompt's 8 samples give it 4 pairs here.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def _reward(tokens: jax.Array) -> jax.Array:
     return jnp.mean(((completion >= 1) & (completion <= 8)).astype(jnp.float32), axis=1)
 
 
-@pytest.mark.parametrize(("name", "steps"), [("grpo", 30), ("ppo", 24)])
+@pytest.mark.parametrize(("name", "steps"), [("grpo", 30), ("ppo", 24), ("online_dpo", 30)])
 def test_reward_improves_on_the_toy_task(compiled, name, steps):
     alg = preset(name)
     step = compiled.step(name)

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 
 import losses
-from jaxrl_llm.train.algorithms import GROUPED_ESTIMATORS, AlgorithmConfig
+from jaxrl_llm.train.algorithms import GROUPED_ESTIMATORS, AlgorithmConfig, online_dpo_pairs
 from jaxrl_llm.train.batch import RLBatch, SequenceBatch, check_sequence_batch
 
 
@@ -241,8 +241,11 @@ def build_rl_batch(
         raise ValueError(f"{where}: a critic algorithm needs `old_values`.")
     if config.rollout_correction is not None and rollout_logp is None:
         raise ValueError(f"{where}: `rollout_correction` needs `rollout_logp`.")
-    if config.kl.mode != "none" and ref_logp is None:
-        raise ValueError(f"{where}: kl.mode={config.kl.mode!r} needs `ref_logp`.")
+    if config.needs_reference and ref_logp is None:
+        raise ValueError(
+            f"{where}: kl.mode={config.kl.mode!r} / policy_loss {config.policy_loss.name!r} "
+            "needs `ref_logp`."
+        )
     out = compute_advantages(
         config,
         rewards,
@@ -265,4 +268,8 @@ def build_rl_batch(
         returns=out.returns if config.critic is not None else None,
         rollout_logp=rollout_logp if config.rollout_correction is not None else None,
     )
-    return batch, out.metrics
+    metrics = out.metrics
+    if config.policy_loss.name == "online_dpo":  # the share of pairs whose rewards differ
+        _, valid = online_dpo_pairs(batch.advantages, mask)
+        metrics = {**metrics, "online_dpo/valid_pairs": jnp.mean(valid.astype(jnp.float32))}
+    return batch, metrics

@@ -550,9 +550,7 @@ def _online_dpo_loss(
         valid=valid.astype(jnp.float32),
         num_pairs=jnp.maximum(norms.num_seqs, 1.0),
     )
-    metrics = dict(metrics)
-    metrics["online_dpo/valid_pairs"] = jax.lax.stop_gradient(jnp.mean(valid.astype(jnp.float32)))
-    return loss, metrics
+    return loss, dict(metrics)
 
 
 def _seq_k1(old_logp: jax.Array, ref_logp: jax.Array, mask: jax.Array) -> jax.Array:

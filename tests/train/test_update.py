@@ -100,7 +100,7 @@ def _expected_keys(alg: AlgorithmConfig) -> set[str]:
     keys = set(COMMON_KEYS)
     if alg.policy_loss.name == "online_dpo":  # a preference loss: no ratio, DPO's metrics
         keys -= {"policy/approx_kl", "policy/ratio_mean", "policy/ratio_max"}
-        keys |= {"pref/accuracy", "pref/margin", "online_dpo/valid_pairs"}
+        keys |= {"pref/accuracy", "pref/margin"}
     if alg.policy_loss.name in ("ppo_clip", "gspo", "cispo", "gmpo"):
         keys |= {"policy/clip_frac", "policy/clip_frac_high", "policy/clip_frac_low"}
     if alg.kl.mode != "none":

@@ -508,8 +508,8 @@ def _validate_reference_sync(cfg: RunConfig) -> None:
     if not cfg.uses_reference:
         raise ConfigError(
             "train.reference_sync: this run reads no reference policy (an RL algorithm with "
-            "algorithm.kl.mode 'loss' or 'reward', or a preference loss with reference "
-            "log-probs has one); remove it."
+            "algorithm.kl.mode 'loss' or 'reward', online DPO, or a preference loss with "
+            "reference log-probs has one); remove it."
         )
     adapters = cfg.model.lora is not None or cfg.model.lora_adapter is not None
     if adapters and sync.alpha != 1.0:

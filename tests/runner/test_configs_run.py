@@ -100,16 +100,35 @@ def test_each_algorithm_config_runs(tmp_path, name):
     assert _moved_parameters(run_dir, TINY, path) > 0
 
 
-def test_sft_config_runs(tmp_path):
+def test_sft_config_runs_padded_and_packed(tmp_path):
+    """`configs/sft.yaml` end to end, then the same run with `sft.packing`: the pairs of a step
+    share rows, and the loss and gradient are those of the padded batch, so both runs log the
+    same losses and end at the same parameters (float rounding apart)."""
     path = CONFIGS / "sft.yaml"
     overrides = [*TINY, *SFT_OPTIM, "metrics.progress_keys=[sft/nll]"]
-    run_dir = tmp_path / "sft"
+    run_dir, packed_dir = tmp_path / "sft", tmp_path / "packed"
     assert main(["train", str(path), *overrides, "--run-dir", str(run_dir)]) == 0
-    summary, _ = _check_run(run_dir, {"sft/nll", "loss/total", "optim/grad_norm"})
+    summary, padded = _check_run(run_dir, {"sft/nll", "loss/total", "optim/grad_norm"})
     assert summary["kind"] == "sft"
+    assert _moved_parameters(run_dir, overrides, path) > 0
     held_out = [r["eval/sft/nll"] for r in records(run_dir) if "eval/accuracy" in r]
     assert len(held_out) == 2 and held_out[1] < held_out[0], held_out  # the held-out NLL falls
-    assert _moved_parameters(run_dir, overrides, path) > 0
+
+    packing = [*overrides, "sft.packing=true", "sft.packing_length=32"]
+    assert main(["train", str(path), *packing, "--run-dir", str(packed_dir)]) == 0
+    packed = train_records(packed_dir)
+    assert all(r["sft/packed_rows"] == 1 and 0 < r["sft/packing_fill"] <= 1 for r in packed)
+    assert "sft/packed_rows" not in padded[0]
+    np.testing.assert_allclose(
+        [r["sft/nll"] for r in packed], [r["sft/nll"] for r in padded], rtol=1e-5
+    )
+    a, b = (nnx.state(from_pretrained(d / "export")) for d in (run_dir, packed_dir))
+    diffs = jax.tree.map(lambda x, y: float(np.max(np.abs(np.asarray(x) - np.asarray(y)))), a, b)
+    assert max(jax.tree.leaves(diffs)) < 1e-5
+    too_short = [*overrides, "sft.packing=true", "sft.packing_length=5"]
+    config = load_run_config(path, too_short, run_dir=tmp_path / "too_short")
+    with pytest.raises(ConfigError, match=r"sft.packing_length: 5 slots .* fewer than"):
+        prepare_run(config)
 
 
 def test_dpo_config_runs_on_generated_pairs(tmp_path):
@@ -147,26 +166,3 @@ def test_bco_config_runs_and_resumes_with_its_reward_shift(tmp_path):
     moments = prepared.state.reward_moments  # the checkpoint holds δ's statistics
     assert float(moments.count) == 4 * 2 * 2  # 4 steps × 2 pairs × (chosen, rejected)
     assert float(moments.mean) == pytest.approx(deltas[-1], abs=1e-7)
-
-
-def test_sft_packing_trains_as_the_padded_run(tmp_path):
-    """`sft.packing`: the pairs of a step share rows; the loss and the gradient are those of the
-    padded batch, so two steps end at the same parameters (float rounding apart)."""
-    path = CONFIGS / "sft.yaml"
-    overrides = [*TINY, *SFT_OPTIM, "train.prompts_per_step=4", "train.eval_every=0"]
-    packed_overrides = [*overrides, "sft.packing=true", "sft.packing_length=32"]
-    for name, extra in (("padded", overrides), ("packed", packed_overrides)):
-        assert main(["train", str(path), *extra, "--run-dir", str(tmp_path / name)]) == 0
-    padded, packed = train_records(tmp_path / "padded"), train_records(tmp_path / "packed")
-    assert all(r["sft/packed_rows"] < 4 and 0 < r["sft/packing_fill"] <= 1 for r in packed)
-    assert "sft/packed_rows" not in padded[0]
-    np.testing.assert_allclose(
-        [r["sft/nll"] for r in packed], [r["sft/nll"] for r in padded], rtol=1e-5
-    )
-    a, b = (nnx.state(from_pretrained(tmp_path / name / "export")) for name in ("padded", "packed"))
-    diffs = jax.tree.map(lambda x, y: float(np.max(np.abs(np.asarray(x) - np.asarray(y)))), a, b)
-    assert max(jax.tree.leaves(diffs)) < 1e-5
-    too_short = [*overrides, "sft.packing=true", "sft.packing_length=5"]
-    config = load_run_config(path, too_short, run_dir=tmp_path / "too_short")
-    with pytest.raises(ConfigError, match=r"sft.packing_length: 5 slots .* fewer than"):
-        prepare_run(config)

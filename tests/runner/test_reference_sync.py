@@ -59,16 +59,13 @@ def _grpo(run_dir, *extra):
 def test_grpo_with_a_reset_every_step_reads_a_zero_kl(tmp_path):
     """`alpha: 1, every: 1`: each step starts with reference = policy, and one update per step
     measures the KL before moving, so it is 0 (up to the rounding of two forward programs, as
-    at the first step of any run); without the sync it grows."""
+    at the first step of any run); without the sync it grows (the next test's step 3)."""
     assert (
         _grpo(tmp_path / "reset", "train.steps=3", "train.reference_sync={every: 1, alpha: 1}") == 0
     )
-    assert _grpo(tmp_path / "fixed", "train.steps=3") == 0
-    reset, fixed = train_records(tmp_path / "reset"), train_records(tmp_path / "fixed")
+    reset = train_records(tmp_path / "reset")
     assert [r["ref/synced"] for r in reset] == [1.0, 1.0, 1.0]
     assert all(abs(r["kl/mean"]) < 1e-12 for r in reset)
-    assert abs(fixed[0]["kl/mean"]) < 1e-12 and fixed[-1]["kl/mean"] > 1e-5
-    assert "ref/synced" not in fixed[0]
 
 
 def test_a_soft_synced_reference_is_checkpointed_and_resumes(tmp_path):

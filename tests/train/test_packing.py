@@ -14,7 +14,7 @@ from jaxrl_llm.train import SequenceBatch, SFTConfig, sft_objective, split_model
 from jaxrl_llm.train.batch import count_normalizers
 from jaxrl_llm.train.logprobs import completion_logprobs
 from jaxrl_llm.train.packing import best_fit_decreasing, pack_batch
-from tests.train.helpers import sequences, tiny_policy, tree_max_abs_diff
+from tests.train.helpers import UPDATE_LAYERS, sequences, tiny_policy, tree_max_abs_diff
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -125,7 +125,7 @@ def test_packed_logprobs_equal_the_padded_rows(family):
 # aggregation is checked against NumPy in tests/losses/test_aggregation.py
 @pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean"])
 def test_packed_sft_loss_and_gradient_equal_the_padded_batch(agg):
-    graphs, params, frozen = split_models(tiny_policy())
+    graphs, params, frozen = split_models(tiny_policy(layers=UPDATE_LAYERS))
     objective = sft_objective(SFTConfig(agg=agg), graphs)
     batch = sequences(jax.random.key(3), 8, 6, 7)
     packed = jax.tree.map(jnp.asarray, pack_batch(jax.tree.map(np.asarray, batch), length=39))

@@ -146,23 +146,14 @@ def test_online_dpo_config_errors_name_the_problem(make, message):
 def test_the_batch_reports_the_share_of_pairs_whose_rewards_differ():
     from jaxrl_llm.train import build_rl_batch
 
-    rewards = jnp.array([1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0])
-    _, metrics = build_rl_batch(
-        preset("online_dpo"),
-        tokens=jnp.ones((8, 5), jnp.int32),
-        attention_mask=jnp.ones((8, 5), jnp.int32),
-        completion_mask=jnp.ones((8, 3)),
-        rewards=rewards,
-        group_size=2,
-        ref_logp=jnp.zeros((8, 3)),
-    )
+    arrays = {
+        "tokens": jnp.ones((8, 5), jnp.int32),
+        "attention_mask": jnp.ones((8, 5), jnp.int32),
+        "completion_mask": jnp.ones((8, 3)),
+        "rewards": jnp.array([1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0]),
+        "group_size": 2,
+    }
+    _, metrics = build_rl_batch(preset("online_dpo"), **arrays, ref_logp=jnp.zeros((8, 3)))
     assert float(metrics["online_dpo/valid_pairs"]) == 0.5
     with pytest.raises(ValueError, match="policy_loss 'online_dpo' needs `ref_logp`"):
-        build_rl_batch(
-            preset("online_dpo"),
-            tokens=jnp.ones((8, 5), jnp.int32),
-            attention_mask=jnp.ones((8, 5), jnp.int32),
-            completion_mask=jnp.ones((8, 3)),
-            rewards=rewards,
-            group_size=2,
-        )
+        build_rl_batch(preset("online_dpo"), **arrays)

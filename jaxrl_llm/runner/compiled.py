@@ -132,6 +132,7 @@ class _Spec(NamedTuple):
     combine: str
     overlong: Any
     overlong_max_length: int | None
+    truncation_penalty: float | None
     prompts_per_step: int
     mesh: Any
     forward_group: int  # rows per shared prompt of the log-prob forwards
@@ -158,6 +159,7 @@ def _spec(ctx: RunContext) -> _Spec:
         combine=config.rewards.combine,
         overlong=config.train.overlong,
         overlong_max_length=config.overlong_max_length,
+        truncation_penalty=config.train.truncation_penalty,
         prompts_per_step=config.train.prompts_per_step,
         mesh=ctx.mesh,
         forward_group=prompt_group_size(config, ctx.mesh, update=False),
@@ -198,6 +200,8 @@ def _scored_rollout(spec: _Spec) -> Callable[..., Any]:
             combine=spec.combine,
             overlong=spec.overlong,
             overlong_max_length=spec.overlong_max_length,
+            truncated=out.truncated,
+            truncation_penalty=spec.truncation_penalty,
         )
         return out, correct, total, signal
 

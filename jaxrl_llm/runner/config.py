@@ -237,6 +237,10 @@ class TrainConfig:
       max_refills: DAPO dynamic sampling (`advantage.drop_zero_variance`): extra prompt batches
         sampled per step at most, until `B` groups with a reward spread are collected.
       overlong: the soft overlong punishment (None: off).
+      truncation_penalty: ProRL's "stop properly" penalty on completions that hit
+        `sampling.max_new_tokens` without a stop token or string (`losses.truncation_penalty`
+        on the total reward: `coef` in [0, 1] scales it, `coef < 0` replaces it; OpenRLHF's
+        `stop_properly_penalty_coef`, close to TRL's `missing_eos_penalty`); None: off.
       max_consecutive_skips: stop the run after this many consecutive steps skipped for a
         non-finite loss or gradient.
       compiled_iterations: `K`: run the RL iterations (sample → in-graph reward → advantages →
@@ -267,6 +271,7 @@ class TrainConfig:
     log_every: int = 1
     max_refills: int = 2
     overlong: OverlongConfig | None = None
+    truncation_penalty: float | None = None
     max_consecutive_skips: int = 3
     compiled_iterations: int | None = None
     compilation_cache: str | None = "~/.cache/jaxrl_llm/jax"
@@ -654,6 +659,20 @@ def _validate_sampling_and_eval(cfg: RunConfig) -> None:
             f"train.eval_pass_k: pass@k needs k <= the eval samples per prompt "
             f"({cfg.eval_samples}, train.eval_samples or sampling.num_samples), got {bad_k}."
         )
+    penalty = cfg.train.truncation_penalty
+    if penalty is not None:
+        if cfg.kind != "rl":
+            raise ConfigError("train.truncation_penalty: it shapes RL rewards only.")
+        if not penalty <= 1.0:
+            raise ConfigError(
+                f"train.truncation_penalty: must be <= 1 (in [0, 1] it scales a truncated "
+                f"completion's reward, below 0 it replaces it), got {penalty}."
+            )
+        if cfg.rewards.combine == "decoupled":
+            raise ConfigError(
+                "train.truncation_penalty: applies to the total reward, which rewards.combine: "
+                "decoupled does not form; use combine: sum."
+            )
     overlong = cfg.train.overlong
     if overlong is not None:
         if cfg.kind != "rl":

@@ -77,6 +77,8 @@ def in_graph_scores(
     combine: str = "sum",
     overlong: Any = None,
     overlong_max_length: int | None = None,
+    truncated: jax.Array | None = None,
+    truncation_penalty: float | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """`(total[N], signal[N])` of the in-graph reward: `runner.scoring.combine_rewards` in `jnp`.
 
@@ -92,6 +94,9 @@ def in_graph_scores(
       combine: `rewards.combine`.
       overlong: the `OverlongConfig` (None: off).
       overlong_max_length: its resolved `max_length`.
+      truncated: `[N]` bool, the rows that hit the budget (with `truncation_penalty`).
+      truncation_penalty: `train.truncation_penalty` (None: off; `losses.truncation_penalty`
+        on the total, as `runner.scoring.combine_rewards` does).
 
     Examples:
       >>> total, signal = in_graph_scores(jnp.array([1.0, 0.0]), jnp.array([2, 6]), weight=1.0,
@@ -111,6 +116,8 @@ def in_graph_scores(
         components = jnp.concatenate([components, penalty[:, None]], axis=1)
         weights = jnp.concatenate([weights, jnp.ones(1, jnp.float32)])
     total = jnp.sum(components * weights, axis=1).astype(jnp.float32)
+    if truncation_penalty is not None:
+        total = losses.truncation_penalty(total, truncated, coef=truncation_penalty)
     if combine != "decoupled":
         return total, total
     signal = combined_advantages(

@@ -216,7 +216,7 @@ def _sample_part(
         ctx.tokenizer,
         G,
     )
-    scores = combine_rewards(config, rewards, valid, lengths, G)
+    scores = combine_rewards(config, rewards, valid, lengths, G, truncated)
     part = {
         "rollout": rollout,
         "scores": scores,

@@ -10,6 +10,8 @@ Per prompt batch of `B` prompts × `G` samples:
     valid[N]             False on rows of groups dropped by `on_failure: drop_group`
     overlong p[N]        −factor·ramp(length)  (train.overlong; DAPO's soft punishment)
     total[N]             Σ_k w_k r_k + p                                  (reward/mean)
+                         then, for truncated rows, c·total (0 <= c <= 1) or c (c < 0)
+                         (train.truncation_penalty c: ProRL's stop-properly penalty)
     signal[N]            total                  with rewards.combine: sum
                          Σ_k w_k·groupnorm(r_k) with rewards.combine: decoupled (GDPO, the
                          punishment as one more component of weight 1)
@@ -204,6 +206,7 @@ def combine_rewards(
     valid: np.ndarray,
     lengths: np.ndarray,
     group_size: int,
+    truncated: np.ndarray | None = None,
 ) -> Scores:
     """Shaping and combination of `rewards[N, K]` (module docstring); metrics are filled by
     `reward_metrics`.
@@ -235,6 +238,11 @@ def combine_rewards(
         components = np.concatenate([rewards, penalty[:, None]], axis=1)
         comp_weights = np.concatenate([weights, np.ones(1, np.float32)])
     total = (components * comp_weights).sum(axis=1).astype(np.float32)
+    coef = config.train.truncation_penalty
+    if coef is not None:
+        if truncated is None:
+            raise ValueError("combine_rewards: train.truncation_penalty needs `truncated`.")
+        total = np.asarray(losses.truncation_penalty(total, truncated, coef=coef), np.float32)
     signal = total
     if config.rewards.combine == "decoupled":
         signal = np.asarray(

@@ -7,10 +7,12 @@ import shutil
 from types import SimpleNamespace
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from jaxrl_llm.cli import main
+from jaxrl_llm.config import ConfigError
 from jaxrl_llm.data import IteratorState
 from jaxrl_llm.rewards import (
     RewardFunction,
@@ -19,6 +21,7 @@ from jaxrl_llm.rewards import (
     resolve_reward_function,
 )
 from jaxrl_llm.runner import load_run_config, prepare_run, scoring
+from jaxrl_llm.runner.in_graph import in_graph_scores
 from jaxrl_llm.runner.rollout import _select, collect
 from jaxrl_llm.runner.scoring import combine_rewards, component_rewards, group_has_spread
 from jaxrl_llm.tokenizer import ByteTokenizer
@@ -54,6 +57,48 @@ def test_sum_of_weighted_rewards_plus_overlong_punishment():
     np.testing.assert_allclose(scores.total, expected, rtol=1e-6)
     np.testing.assert_array_equal(scores.signal, scores.total)
     np.testing.assert_array_equal(scores.correct, rewards[:, 0] >= 1)
+
+
+@pytest.mark.parametrize("coef", [0.5, -1.0])
+def test_truncation_penalty_shapes_the_total_of_truncated_rows_alike_on_host_and_in_graph(coef):
+    """ProRL's stop-properly penalty after the weighted sum and the overlong ramp: a truncated
+    row's total is scaled by `coef` in [0, 1] or replaced by a negative `coef`; the compiled
+    iteration's in-graph scores give the same totals."""
+    cfg = _config(
+        "rewards.functions=[{fn: exact_answer, weight: 2.0}]",
+        "train.overlong={buffer_length: 2, factor: 0.5}",
+        f"train.truncation_penalty={coef}",
+    )
+    correct = np.array([1.0, 1.0, 0.0, 0.0, 1.0, 0.0])
+    lengths = np.array([4, 4, 4, 2, 1, 3])
+    truncated = np.array([True, False, True, False, False, False])
+    scores = combine_rewards(cfg, correct[:, None], np.ones(6, bool), lengths, 2, truncated)
+    total = 2.0 * correct + _overlong_reference(lengths, 4, 2, 0.5)
+    expected = np.where(truncated, coef * total if coef >= 0 else coef, total)
+    np.testing.assert_allclose(scores.total, expected, rtol=1e-6)
+    in_graph, _ = in_graph_scores(
+        jnp.asarray(correct, jnp.float32),
+        jnp.asarray(lengths),
+        weight=2.0,
+        group_size=2,
+        overlong=cfg.train.overlong,
+        overlong_max_length=cfg.overlong_max_length,
+        truncated=jnp.asarray(truncated),
+        truncation_penalty=coef,
+    )
+    np.testing.assert_allclose(in_graph, expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["train.truncation_penalty=1.5"], "must be <= 1"),
+        (["train.truncation_penalty=-1", "rewards.combine=decoupled"], "use combine: sum"),
+    ],
+)
+def test_truncation_penalty_config_errors(extra, message):
+    with pytest.raises(ConfigError, match=message):
+        _config(*extra)
 
 
 def test_decoupled_combination_normalises_each_reward_in_its_group():

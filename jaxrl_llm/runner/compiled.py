@@ -282,9 +282,9 @@ def _build_iteration(spec: _Spec) -> Callable[..., Any]:
         sync = spec.reference_sync
         if sync is not None:  # after every `every`-th update, as the loop does
             due = step % sync.every == 0
-            state = jax.lax.cond(
-                due, functools.partial(sync_reference, alpha=sync.alpha), lambda s: s, state
-            )
+            optimizer = make_optimizer(spec.optim) if sync.reset_optimizer else None
+            synced = functools.partial(sync_reference, alpha=sync.alpha, optimizer=optimizer)
+            state = jax.lax.cond(due, synced, lambda s: s, state)
             metrics["ref/synced"] = due.astype(jnp.float32)
         metrics.update(rollout_metrics(total, correct, out.lengths, out.truncated))
         if spec.algorithm.advantage.drop_zero_variance:

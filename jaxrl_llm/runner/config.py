@@ -203,6 +203,8 @@ class ReferenceSyncConfig:
     Attributes:
       every: steps between syncs (`τ`).
       alpha: the mix-up weight `α` of the policy, in (0, 1].
+      reset_optimizer: also restart the optimizer's state at each sync (its moments and step
+        count, so a learning-rate schedule starts over), as ProRL's hard reset does.
 
     Examples:
       >>> build(ReferenceSyncConfig, {"every": 64}).alpha
@@ -211,6 +213,7 @@ class ReferenceSyncConfig:
 
     every: int
     alpha: float = 0.6
+    reset_optimizer: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.every, bool) or not isinstance(self.every, int) or self.every < 1:

@@ -237,7 +237,8 @@ def _sync_reference(
     due = step % sync.every == 0
     if due:
         with jax.set_mesh(ctx.mesh):
-            state = reference_sync_program(sync.alpha)(state)
+            optim = ctx.config.optim if sync.reset_optimizer else None
+            state = reference_sync_program(sync.alpha, optim)(state)
     metrics["ref/synced"] = float(due)
     return state
 

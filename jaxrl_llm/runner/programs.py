@@ -164,15 +164,18 @@ def value_program(graphs: ModelGraphs, group_size: int = 1) -> Callable[..., Any
 
 
 @functools.lru_cache(maxsize=_CACHE_SIZE)
-def reference_sync_program(alpha: float) -> Callable[..., Any]:
-    """`state -> state` with the reference moved toward the policy (`sync_reference`), jitted
-    with the state donated; cached per `alpha`.
+def reference_sync_program(alpha: float, optim: OptimConfig | None = None) -> Callable[..., Any]:
+    """`state -> state` with the reference moved toward the policy (`sync_reference`) and,
+    with `optim`, the optimizer's state restarted; jitted with the state donated, cached per
+    settings.
 
     Examples:
       >>> reference_sync_program(0.6) is reference_sync_program(0.6)
       True
     """
-    return jax.jit(functools.partial(sync_reference, alpha=alpha), donate_argnums=0)
+    optimizer = None if optim is None else make_optimizer(optim)
+    sync = functools.partial(sync_reference, alpha=alpha, optimizer=optimizer)
+    return jax.jit(sync, donate_argnums=0)
 
 
 @functools.lru_cache(maxsize=_CACHE_SIZE)

@@ -106,9 +106,13 @@ def init_train_state(
     )
 
 
-def sync_reference(state: TrainState, alpha: float) -> TrainState:
+def sync_reference(
+    state: TrainState, alpha: float, optimizer: optax.GradientTransformation | None = None
+) -> TrainState:
     """Move the reference toward the policy: `ref ← α·θ + (1 − α)·ref` over the trainable
-    policy parameters (`optax.incremental_update`); `α = 1` copies them exactly.
+    policy parameters (`optax.incremental_update`); `α = 1` copies them exactly. With an
+    `optimizer`, its state restarts too (`optimizer.init(params)`: moments, step count and so
+    the learning-rate schedule), as ProRL's hard reset does.
 
     TR-DPO's soft update ("Learn Your Reference Model for Real Good Alignment",
     arXiv 2404.09656; TRL `sync_ref_model` with `ref_model_mixup_alpha`, for DPO and GRPO) and,
@@ -117,6 +121,7 @@ def sync_reference(state: TrainState, alpha: float) -> TrainState:
     Args:
       state: a state whose `reference` is set (`init_train_state(reference=...)`).
       alpha: the policy's weight `α` in (0, 1].
+      optimizer: the run's optax transformation, to restart its state (None: keep it).
 
     Raises:
       ValueError: no `reference` in the state, or `alpha` outside (0, 1].
@@ -139,4 +144,6 @@ def sync_reference(state: TrainState, alpha: float) -> TrainState:
     else:
         mixed = optax.incremental_update(policy, state.reference, alpha)
         reference = jax.tree.map(lambda m, r: m.astype(r.dtype), mixed, state.reference)
+    if optimizer is not None:
+        state = state._replace(opt_state=optimizer.init(state.params))
     return state._replace(reference=reference)

@@ -104,8 +104,8 @@ def test_chunks_of_two_match_the_loop_to_the_last_bit(loop_run, tmp_path):
 
 def test_reference_sync_inside_the_compiled_iteration_matches_the_loop(tmp_path):
     """`train.reference_sync` runs inside the scan (a `lax.cond` on the step) as the loop runs
-    it after each update: the same reference, KL and parameters."""
-    sync = "train.reference_sync={every: 1, alpha: 0.5}"
+    it after each update: the same reference, restarted optimizer, KL and parameters."""
+    sync = "train.reference_sync={every: 1, alpha: 0.5, reset_optimizer: true}"
     prepared = _prepared(tmp_path / "loop", sync)
     prepared.checkpointer.close()
     ctx, state, data = prepared.context, prepared.state, prepared.data

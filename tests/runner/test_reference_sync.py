@@ -14,8 +14,8 @@ import pytest
 
 from jaxrl_llm.cli import main
 from jaxrl_llm.config import ConfigError
-from jaxrl_llm.runner import load_run_config
-from jaxrl_llm.train import init_train_state, sync_reference
+from jaxrl_llm.runner import load_run_config, prepare_run
+from jaxrl_llm.train import init_train_state, make_optimizer, sync_reference
 from tests.runner.helpers import CONFIGS, PREFERENCE, TINY, train_records
 
 GRPO, DPO = str(CONFIGS / "grpo.yaml"), str(CONFIGS / "dpo.yaml")
@@ -79,6 +79,26 @@ def test_a_soft_synced_reference_is_checkpointed_and_resumes(tmp_path):
     assert [r["ref/synced"] for r in steps] == [0.0, 1.0, 0.0, 1.0]
     assert train_records(split) == steps  # the KL of steps 3, 4 reads the synced reference
     assert steps[2]["kl/mean"] > 0.0
+
+
+def test_a_reset_with_the_optimizer_restarts_its_state(tmp_path):
+    """`reset_optimizer: true` (ProRL's hard reset): after the sync the optimizer state is the
+    fresh one of the current parameters (zero moments, step count 0)."""
+    sync = "train.reference_sync={every: 2, alpha: 1, reset_optimizer: true}"
+    overrides = [*TINY, sync, "train.steps=2", "checkpoint.every=2"]
+    assert _grpo(tmp_path, *overrides[len(TINY) :]) == 0
+    prepared = prepare_run(load_run_config(GRPO, overrides, run_dir=tmp_path), resume=True)
+    prepared.checkpointer.close()
+    state = prepared.state
+    assert prepared.start_step == 2 and int(state.step) == 2
+    fresh = make_optimizer(load_run_config(GRPO, overrides, run_dir=tmp_path).optim).init(
+        state.params
+    )
+    for ours, theirs in zip(jax.tree.leaves(state.opt_state), jax.tree.leaves(fresh), strict=True):
+        np.testing.assert_array_equal(ours, theirs)
+    policy = jax.tree.leaves(state.params["policy"])
+    for ref, param in zip(jax.tree.leaves(state.reference), policy, strict=True):
+        np.testing.assert_array_equal(ref, param)  # alpha 1: the policy itself
 
 
 def test_dpo_with_a_reset_every_step_stays_at_log_2(tmp_path):

@@ -17,6 +17,7 @@ that a run compiles a few shapes at most).
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 
 import numpy as np
@@ -46,16 +47,16 @@ def best_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int]
             f"{capacity} of a row ({len(too_long)} such items)."
         )
     bins: list[list[int]] = []
-    room: list[int] = []
+    open_rows: list[tuple[int, int]] = []  # (room, bin), sorted: the tightest fit is a bisection
     for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
-        fits = [b for b in range(len(bins)) if room[b] >= lengths[i]]
-        if fits:
-            b = min(fits, key=lambda b: (room[b], b))
+        k = bisect.bisect_left(open_rows, (lengths[i], -1))
+        if k < len(open_rows):
+            room, b = open_rows.pop(k)
             bins[b].append(i)
-            room[b] -= lengths[i]
         else:
+            room, b = capacity, len(bins)
             bins.append([i])
-            room.append(capacity - lengths[i])
+        bisect.insort(open_rows, (room - lengths[i], b))
     return [sorted(b) for b in bins]
 
 

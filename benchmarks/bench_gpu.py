@@ -36,6 +36,15 @@ projection; tokens = N·S) against `--peak-flops` (default 989e12, H100 SXM dens
     MFU = 6 · N_params · N · S / t_step / peak
 
 Targets (issue 9): decode ≥ 70% of the roofline at batch 64; update ≥ 40% bf16 MFU.
+
+The run also measures the card's own ceilings in JAX (`ceilings`): the bandwidth of a large
+elementwise pass (`y = 2·x + 1` over bf16 `x`, bytes read plus bytes written) and the rate of a
+large bf16 matrix product (8192³; random data), and reports both fractions against them too
+(`fraction_of_measured_roofline`, `mfu_of_measured_peak`), since datasheet rates are not
+what a given card sustains. `--variants` then times the decode with other loop shapes
+(`SamplingConfig.layer_unroll`, `steps_per_loop`) and the update with other `remat` policies,
+while `--budget-s` seconds have not yet passed; the JSON is rewritten after every part, so a
+run cut short keeps what it measured.
 """
 
 from __future__ import annotations
@@ -53,6 +62,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from benchmarks import profile_summary
 from jaxrl_llm.models import Decoder, ModelConfig
 from jaxrl_llm.sampler import SamplingConfig, jit_sample_tokens
 from jaxrl_llm.train import (
@@ -149,16 +159,38 @@ def _median_time(fn: Any, repeat: int) -> float:
     return statistics.median(times)
 
 
-def bench_decode(s: Sizes, bandwidth: float, repeat: int) -> dict[str, Any]:
-    """Decode tokens/s from two generation lengths (module docstring)."""
+def ceilings(tiny: bool, repeat: int) -> dict[str, float]:
+    """The card's measured bandwidth (bytes/s, read + written) and bf16 matmul rate (FLOP/s)."""
+    size, n = (1 << 22, 256) if tiny else (1 << 29, 8192)  # 1 GiB of bf16; 8192³ matmul
+    key_x, key_a, key_b = jax.random.split(jax.random.key(0), 3)
+    x = jax.random.normal(key_x, (size,), jnp.bfloat16)
+    elementwise = jax.jit(lambda x: 2 * x + 1)
+    copy_s = _median_time(lambda _: elementwise(x), repeat)
+    a = jax.random.normal(key_a, (n, n), jnp.bfloat16)
+    b = jax.random.normal(key_b, (n, n), jnp.bfloat16)
+    matmul = jax.jit(jnp.matmul)
+    matmul_s = _median_time(lambda _: matmul(a, b), repeat)
+    return {
+        "bandwidth": 2 * 2 * size / copy_s,
+        "bf16_matmul_flops": 2 * n**3 / matmul_s,
+        "elementwise_bytes": 2 * 2 * size,
+        "matmul_n": n,
+    }
+
+
+def bench_decode(
+    s: Sizes, bandwidth: float, repeat: int, trace: bool = False, **overrides: Any
+) -> dict[str, Any]:
+    """Decode tokens/s from two generation lengths (module docstring); `overrides` go to
+    `SamplingConfig` (loop shape); `trace` adds a profile of one long run."""
     model = Decoder(s.model, dtype=jnp.bfloat16, param_dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
     graphdef, state = nnx.split(model)
     rng = np.random.default_rng(0)
     tokens = jnp.asarray(rng.integers(0, min(s.model.vocab_size, 32000), (s.batch, s.prompt)))
     mask = jnp.ones((s.batch, s.prompt), bool)
-    out: dict[str, Any] = {"batch": s.batch, "prompt": s.prompt}
+    out: dict[str, Any] = {"batch": s.batch, "prompt": s.prompt, **overrides}
     for name, T in (("short", s.short), ("long", s.long)):
-        config = SamplingConfig(max_new_tokens=T, stop_tokens=())
+        config = SamplingConfig(max_new_tokens=T, stop_tokens=(), **overrides)
         started = time.perf_counter()
         compiled = jit_sample_tokens.lower(
             graphdef, state, tokens, mask, jax.random.key(0), config=config
@@ -170,6 +202,9 @@ def bench_decode(s: Sizes, bandwidth: float, repeat: int) -> dict[str, Any]:
 
         out[f"median_{name}_s"] = _median_time(run, repeat)
         out[f"new_tokens_{name}"] = T
+        if trace and name == "long":
+            out["profile"] = profile_summary.profile(lambda run=run: run(repeat + 1))
+            print(profile_summary.brief(out["profile"]), flush=True)
     decode_s = out["median_long_s"] - out["median_short_s"]
     roof = decode_roofline(s, bandwidth)
     out.update(roof)
@@ -179,6 +214,7 @@ def bench_decode(s: Sizes, bandwidth: float, repeat: int) -> dict[str, Any]:
         out["tokens_per_s"] = out["fraction_of_roofline"] = None
         return out
     out["tokens_per_s"] = s.batch * (s.long - s.short) / decode_s
+    out["ms_per_decode_step"] = 1e3 * decode_s / (s.long - s.short)
     out["fraction_of_roofline"] = out["tokens_per_s"] / roof["roofline_tokens_per_s"]
     return out
 
@@ -200,9 +236,20 @@ def _rl_batch(s: Sizes, G: int = 4) -> Any:
     return batch
 
 
-def bench_update(s: Sizes, peak_flops: float, repeat: int) -> dict[str, Any]:
-    """Seconds of one GRPO update step and its bf16 MFU (module docstring)."""
-    model = Decoder(s.model, dtype=jnp.bfloat16, param_dtype=jnp.float32, rngs=nnx.Rngs(0))
+def bench_update(
+    s: Sizes,
+    peak_flops: float,
+    repeat: int,
+    trace: bool = False,
+    remat: str = "dots",
+    rows: int | None = None,
+) -> dict[str, Any]:
+    """Seconds of one GRPO update step and its bf16 MFU (module docstring); `rows` overrides
+    the sequence count N; `trace` adds a profile of one step."""
+    s = dataclasses.replace(s, rows=rows or s.rows)
+    model = Decoder(
+        s.model, dtype=jnp.bfloat16, param_dtype=jnp.float32, remat=remat, rngs=nnx.Rngs(0)
+    )
     graphs, params, frozen = split_models(model)
     algorithm = preset("grpo")
     optim = OptimConfig(name="adamw", learning_rate=1e-6, max_grad_norm=1.0)
@@ -224,9 +271,14 @@ def bench_update(s: Sizes, peak_flops: float, repeat: int) -> dict[str, Any]:
         return metrics
 
     seconds = _median_time(run, repeat)
+    profiled = {}
+    if trace:
+        profiled["profile"] = profile_summary.profile(lambda: run(repeat + 1))
+        print(profile_summary.brief(profiled["profile"]), flush=True)
     tokens = s.rows * s.seq
     flops = 6 * matmul_params(s.model) * tokens
     return {
+        "remat": remat,
         "rows": s.rows,
         "seq": s.seq,
         "tokens": tokens,
@@ -236,7 +288,26 @@ def bench_update(s: Sizes, peak_flops: float, repeat: int) -> dict[str, Any]:
         "achieved_flops": flops / seconds,
         "peak_flops": peak_flops,
         "mfu": flops / seconds / peak_flops,
+        **profiled,
     }
+
+
+DECODE_VARIANTS = '[{"layer_unroll": 24}, {"steps_per_loop": 4}, {"decode_phases": 4}]'
+UPDATE_VARIANTS = '[{"remat": "none"}, {"remat": "full"}, {"rows": 32}]'
+
+
+def _fractions(result: dict[str, Any]) -> None:
+    """Add the fractions of the measured ceilings to the decode and update parts."""
+    measured = result.get("ceilings")
+    if not measured:
+        return
+    scale = result["bandwidth"] / measured["bandwidth"]
+    for d in [result.get("decode", {}), *result.get("decode_variants", [])]:
+        if d.get("fraction_of_roofline") is not None:
+            d["fraction_of_measured_roofline"] = d["fraction_of_roofline"] * scale
+    for u in [result.get("update", {}), *result.get("update_variants", [])]:
+        if "achieved_flops" in u:
+            u["mfu_of_measured_peak"] = u["achieved_flops"] / measured["bf16_matmul_flops"]
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -246,7 +317,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--peak-flops", type=float, default=989e12, help="dense bf16 FLOP/s")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--tiny", action="store_true", help="tiny shapes: a smoke run on CPU")
-    parser.add_argument("--skip", nargs="*", default=[], choices=["decode", "update"])
+    parser.add_argument("--skip", nargs="*", default=[], choices=["ceilings", "decode", "update"])
+    parser.add_argument("--variants", action="store_true", help="also time the variants below")
+    parser.add_argument("--decode-variants", default=DECODE_VARIANTS, help="JSON list")
+    parser.add_argument("--update-variants", default=UPDATE_VARIANTS, help="JSON list")
+    parser.add_argument("--profile", action="store_true", help="trace the main decode, update")
+    parser.add_argument("--budget-s", type=float, default=float("inf"), help="no variant after")
     args = parser.parse_args(argv)
     s = sizes(args.tiny)
     device = jax.devices()[0]
@@ -266,18 +342,40 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         },
         "bandwidth": args.bandwidth,
     }
-    started = time.perf_counter()
-    if "decode" not in args.skip:
-        result["decode"] = bench_decode(s, args.bandwidth, args.repeat)
-        print(json.dumps({"decode": result["decode"]}), flush=True)
-    if "update" not in args.skip:
-        result["update"] = bench_update(s, args.peak_flops, args.repeat)
-        print(json.dumps({"update": result["update"]}), flush=True)
-    result["wall_s"] = round(time.perf_counter() - started, 1)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_gpu.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(f"bench_gpu: {out / 'bench_gpu.json'} ({result['wall_s']} s)", flush=True)
+    started = time.perf_counter()
+
+    def record(name: str, value: Any) -> None:
+        result[name] = value
+        _fractions(result)
+        result["wall_s"] = round(time.perf_counter() - started, 1)
+        (out / "bench_gpu.json").write_text(json.dumps(result, indent=2) + "\n")
+        shown = value[-1] if isinstance(value, list) else value
+        print(json.dumps({name: shown}), flush=True)
+
+    if "ceilings" not in args.skip:
+        record("ceilings", ceilings(args.tiny, args.repeat))
+    if "decode" not in args.skip:
+        record("decode", bench_decode(s, args.bandwidth, args.repeat, args.profile))
+    if "update" not in args.skip:
+        record("update", bench_update(s, args.peak_flops, args.repeat, args.profile))
+    if args.variants:
+        variants = [
+            ("update", bench_update, args.peak_flops, v) for v in json.loads(args.update_variants)
+        ]
+        variants += [
+            ("decode", bench_decode, args.bandwidth, v) for v in json.loads(args.decode_variants)
+        ]
+        for part, bench, rate, overrides in variants:
+            if time.perf_counter() - started > args.budget_s:
+                continue
+            done = result.setdefault(f"{part}_variants", [])
+            timed = bench(s, rate, args.repeat, **overrides)
+            record(f"{part}_variants", [*done, timed])
+    print(
+        f"bench_gpu: {out / 'bench_gpu.json'} ({time.perf_counter() - started:.1f} s)", flush=True
+    )
     return result
 
 

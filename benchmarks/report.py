@@ -358,24 +358,61 @@ def attention_table(results: pathlib.Path) -> list[str]:
     return lines
 
 
+def _gpu_decode_row(d: dict) -> str:
+    shape = ", ".join(
+        f"{k} {d[k]}" for k in ("layer_unroll", "steps_per_loop", "decode_phases") if k in d
+    )
+    frac, measured = d.get("fraction_of_roofline"), d.get("fraction_of_measured_roofline")
+    return (
+        f"| decode, batch {d['batch']}{', ' + shape if shape else ' (default loop)'} | "
+        f"{_fmt(d.get('tokens_per_s'))} tok/s ({_fmt(d.get('ms_per_decode_step'))} ms/step) | "
+        f"{'—' if frac is None else f'{100 * frac:.1f}%'} | "
+        f"{'—' if measured is None else f'{100 * measured:.1f}%'} | "
+        f"{d.get('compile_short_s')} + {d.get('compile_long_s')} s |"
+    )
+
+
+def _gpu_update_row(u: dict) -> str:
+    measured = u.get("mfu_of_measured_peak")
+    return (
+        f"| update, {u['rows']} × {u['seq']} tokens, remat {u.get('remat', 'dots')} | "
+        f"{_fmt(u['median_s'])} s ({_fmt(u['achieved_flops'] / 1e12)} TFLOP/s) | "
+        f"{100 * u['mfu']:.1f}% | {'—' if measured is None else f'{100 * measured:.1f}%'} | "
+        f"{u['compile_s']} s |"
+    )
+
+
 def gpu_table(results: pathlib.Path) -> list[str]:
+    """One table per GPU run: decode against the HBM roofline, the update's bf16 MFU, both
+    against the datasheet rates and against the card's rates measured in the same run."""
     runs = _load(results / "gpu")
-    if not runs:
-        return []
-    lines = ["### GPU (`benchmarks/bench_gpu.py`)", ""]
+    lines = []
     for name, r in runs.items():
-        if "decode" not in r:
+        if "decode" not in r and "update" not in r:
             continue
-        d, u = r["decode"], r.get("update", {})
-        frac, mfu = d.get("fraction_of_roofline"), u.get("mfu")
+        c = r.get("ceilings", {})
+        measured = (
+            f" Measured in the run: {_fmt(c['bandwidth'] / 1e12)} TB/s (bf16 elementwise pass) "
+            f"and {_fmt(c['bf16_matmul_flops'] / 1e12)} TFLOP/s (bf16 {c['matmul_n']}³ matmul)."
+            if c
+            else ""
+        )
         lines += [
-            f"- {name}: {r.get('device', '?')}; decode at batch {d['batch']}: "
-            f"{_fmt(d.get('tokens_per_s'))} tok/s = "
-            f"{'—' if frac is None else f'{100 * frac:.0f}%'} of the HBM roofline "
-            f"({_fmt(d['roofline_tokens_per_s'])} tok/s); update step: "
-            f"{'—' if mfu is None else f'{100 * mfu:.1f}%'} bf16 MFU "
-            f"({_fmt(u.get('median_s'))} s for {u.get('tokens')} tokens).",
+            f"### GPU (`benchmarks/bench_gpu.py`): {name}",
+            "",
+            f"{r.get('device', '?')}, jax {r.get('jax', '?')}; datasheet "
+            f"{_fmt(r['bandwidth'] / 1e12)} TB/s HBM and "
+            f"{_fmt(r.get('update', {}).get('peak_flops', 989e12) / 1e12)} TFLOP/s dense bf16."
+            + measured,
+            "",
+            "| part | time | of datasheet roofline / peak | of measured | compile |",
+            "|---|---|---|---|---|",
         ]
+        lines += [_gpu_decode_row(d) for d in [r["decode"]] * ("decode" in r)]
+        lines += [_gpu_decode_row(d) for d in r.get("decode_variants", [])]
+        lines += [_gpu_update_row(u) for u in [r["update"]] * ("update" in r)]
+        lines += [_gpu_update_row(u) for u in r.get("update_variants", [])]
+        lines.append("")
     return lines
 
 

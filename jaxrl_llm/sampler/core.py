@@ -367,7 +367,7 @@ def sample_tokens(
     start = _DecodeState(
         step=jnp.zeros((), jnp.int32),
         logits=repeat_rows(first_logits, G, 0, _ROW_TIME),
-        cache=decode_cache(broadcast_cache(cache, G, P + ends[0])),
+        cache=decode_cache(broadcast_cache(cache, G, P + ends[0]), layers.per_layer is None),
         done=budgets <= 0,
         lengths=shard(jnp.zeros((N,), jnp.int32), _ROW),
         tokens=shard(jnp.full((N, T_loop), config.pad_id, jnp.int32), _ROW_TIME),

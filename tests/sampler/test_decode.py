@@ -25,10 +25,12 @@ from jaxrl_llm.sampler.decode import (
 )
 from tests.sampler.helpers import tiny_model
 
-# Qwen3 (GQA, QK-norm), and a 3-layer variant with mixed sliding / full layers, a second rope
-# for the sliding layers and attention-logit soft-capping (the Gemma 2/3 features).
+# Qwen3 (GQA, QK-norm), a 4-layer Qwen3 (the layer scan in groups of 2 with `layer_unroll=3`),
+# and a 3-layer variant with mixed sliding / full layers, a second rope for the sliding layers
+# and attention-logit soft-capping (the Gemma 2/3 features).
 MODELS = {
     "qwen3": dict(),
+    "qwen3_4_layers": dict(layers=4),
     "sliding_softcap": dict(
         layers=3,
         layer_types=("sliding_attention", "full_attention", "sliding_attention"),
@@ -63,7 +65,8 @@ def _run_both(m, layer_unroll: int):
         _, cache = m_.decode_hidden(
             jnp.asarray(PROMPTS), positions_from_mask(mask), cache, attention_mask=mask
         )
-        ours, layers = decode_cache(cache), decode_layers(m_, layer_unroll)
+        layers = decode_layers(m_, layer_unroll)
+        ours = decode_cache(cache, stacked=layers.per_layer is None)
         want, got, lengths = [], [], []
         for t in range(STEPS):
             h, cache = m_.decode_hidden(
@@ -82,12 +85,17 @@ def _run_both(m, layer_unroll: int):
     return run(state)
 
 
-@pytest.mark.parametrize("layer_unroll", [8, 1], ids=["layer_loop", "layer_scan"])
-@pytest.mark.parametrize("name", sorted(MODELS))
+CASES = [(name, unroll) for name in sorted(MODELS) for unroll in (8, 1)]
+CASES += [("qwen3_4_layers", 3)]  # the layer scan in groups of 2
+
+
+@pytest.mark.parametrize(("name", "layer_unroll"), CASES, ids=[f"{n}-unroll{u}" for n, u in CASES])
 def test_decode_steps_match_decoder_decode_hidden(name, layer_unroll):
     m = model(name)
     want, got, lengths, cache, ours, scanned = _run_both(m, layer_unroll)
     assert bool(scanned) == (layer_unroll < m.config.num_layers)
+    # the scan keeps the cache stacked, the loop one buffer per layer
+    assert isinstance(ours.k, tuple) != bool(scanned)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
     for theirs, mine in lengths:
         assert int(theirs) == int(mine)
@@ -210,12 +218,36 @@ def test_decode_phases_change_nothing_but_the_cache_length_per_phase():
     np.testing.assert_allclose(np.asarray(one.logprobs), np.asarray(three.logprobs), atol=1e-6)
 
 
+def test_layer_scan_groups_are_the_largest_divisor_of_the_depth():
+    four, three = model("qwen3_4_layers"), model("sliding_softcap")
+    assert decode_layers(four, 3).unroll == 2 and decode_layers(four, 1).unroll == 1
+    assert decode_layers(three, 2).unroll == 1  # 3 layers: groups of 1
+    assert decode_layers(four, 4).per_layer is not None  # all layers: the Python loop
+    m = four
+    with pytest.raises(ValueError, match="stacked=True"):  # the scan refuses per-layer buffers
+        cache = decode_cache(m.init_cache(batch=1, max_len=2, shared_length=True))
+        decode_step(
+            m, decode_layers(m, 2), jnp.array([1]), jnp.array([0]), jnp.array([True]), cache
+        )
+    with pytest.raises(ValueError, match="stacked=False"):
+        cache = decode_cache(m.init_cache(batch=1, max_len=2, shared_length=True), stacked=True)
+        decode_step(
+            m, decode_layers(m, 8), jnp.array([1]), jnp.array([0]), jnp.array([True]), cache
+        )
+
+
 def test_grow_decode_cache_appends_empty_slots():
     m = model("qwen3")
     cache = decode_cache(m.init_cache(batch=2, max_len=3, shared_length=True))
     grown = grow_decode_cache(cache, 5)
     assert grown.k[0].shape[-1] == 5 and grown.v[0].shape[-2] == 5
     np.testing.assert_array_equal(np.asarray(grown.positions[:, 3:]), -1)
+    stacked = decode_cache(m.init_cache(batch=2, max_len=3, shared_length=True), stacked=True)
+    grown_stack = grow_decode_cache(stacked, 5)
+    for mine, theirs in ((grown_stack.k, grown.k), (grown_stack.v, grown.v)):
+        assert mine.shape[0] == len(theirs)
+        for layer, buffer in enumerate(theirs):
+            np.testing.assert_array_equal(np.asarray(mine[layer]), np.asarray(buffer))
     with pytest.raises(ValueError, match="max_len=2"):
         grow_decode_cache(cache, 2)
     with pytest.raises(ValueError, match="decode_phases"):

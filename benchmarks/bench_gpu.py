@@ -292,7 +292,7 @@ def bench_update(
     }
 
 
-DECODE_VARIANTS = '[{"layer_unroll": 24}, {"steps_per_loop": 4}, {"decode_phases": 4}]'
+DECODE_VARIANTS = '[{"layer_unroll": 24}, {"layer_unroll": 4}, {"steps_per_loop": 4}]'
 UPDATE_VARIANTS = '[{"remat": "none"}, {"remat": "full"}, {"rows": 32}]'
 
 

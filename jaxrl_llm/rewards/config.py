@@ -32,7 +32,8 @@ class RewardConfig:
       isolate: re-score a raising batch one row at a time to find the failing example(s).
       jax_native: use the in-graph reward of the built-in task (`exact_answer_reward`) instead
         of calling `functions` on decoded text; allowed only when `functions` is the single
-        `exact_answer` reward, which it reproduces exactly.
+        `exact_answer` reward, which it reproduces exactly. It compares tokens, so a run
+        refuses it with `sampling.stop_strings` (whose tokens end up in the completion).
 
     Examples:
       >>> from jaxrl_llm.config import build

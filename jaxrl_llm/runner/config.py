@@ -12,7 +12,7 @@ model is built or any program compiled:
     algorithm.temperature == sampling.temperature (the log-probs score the sampler's policy)
     N = prompts_per_step · G  divisible by  minibatches · accumulation_steps  and  data · fsdp
     sampling.row_groups  divides prompts_per_step
-    rewards.jax_native  only on the built-in tasks
+    rewards.jax_native  only on the built-in tasks, and not with sampling.stop_strings
     rewards.combine: decoupled  only with the group estimator and no KL in the reward
     rewards.on_failure: drop_group  not with advantage.scale: batch (filler rewards would enter
                                     the batch std)
@@ -727,6 +727,15 @@ def _validate_rewards(cfg: RunConfig) -> None:
         raise ConfigError(
             f"rewards.jax_native: the in-graph reward is for the built-in tasks "
             f"({', '.join(BUILTIN_TASKS)}), got data.source {cfg.data.source!r}."
+        )
+    if rewards.jax_native and cfg.sampling.stop_strings:
+        raise ConfigError(
+            "rewards.jax_native: the in-graph exact-answer reward compares the completion's "
+            "tokens before its first stop token with the answer's, and the tokens that complete "
+            "a stop string are part of the completion, so a right answer that stopped on one of "
+            f"sampling.stop_strings {list(cfg.sampling.stop_strings)} would score 0; use "
+            "sampling.stop_tokens, or rewards.jax_native: false (the host reward reads the "
+            "decoded text)."
         )
     alg = cfg.algorithm
     if alg is None:

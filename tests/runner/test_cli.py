@@ -93,6 +93,16 @@ def test_cross_section_rules(capsys, tmp_path):
     assert "model: set exactly one of `checkpoint`" in err
 
 
+def test_jax_native_rewards_refuse_stop_strings():
+    # configs/grpo.yaml scores in-graph: a stop string's tokens would be part of the answer
+    with pytest.raises(
+        ConfigError, match=r"a right answer that stopped on one of sampling\.stop_strings"
+    ):
+        load_run_config(GRPO, ["sampling.stop_strings=['Q:']"])
+    cfg = load_run_config(GRPO, ["sampling.stop_strings=['Q:']", "rewards.jax_native=false"])
+    assert cfg.sampling.stop_strings == ("Q:",) and not cfg.rewards.jax_native
+
+
 def test_preference_run_rules(capsys, tmp_path):
     model = [f"model.init.{k}={v}" for k, v in {"family": "qwen3", "vocab_size": 259}.items()]
     kto = str(CONFIGS / "kto.yaml")

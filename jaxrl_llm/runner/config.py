@@ -706,18 +706,12 @@ def _validate_algorithm(cfg: RunConfig, alg: AlgorithmConfig) -> None:
             f"algorithm.temperature: the update scores the sampler's policy, so it must equal "
             f"sampling.temperature ({cfg.sampling.temperature}), got {alg.temperature}."
         )
-    if alg.policy_loss.name == "online_dpo":
-        if G != 2:
-            raise ConfigError(
-                f"sampling.num_samples: online DPO pairs each prompt's two samples; set it to 2, "
-                f"got {G}."
-            )
-        if cfg.optim.accumulation_steps != 1:
-            raise ConfigError(
-                "optim.accumulation_steps: online DPO keeps each pair in one micro-batch; "
-                f"micro-batches take strided rows, so it must be 1, got "
-                f"{cfg.optim.accumulation_steps}."
-            )
+    if alg.policy_loss.name == "online_dpo" and cfg.optim.accumulation_steps != 1:
+        raise ConfigError(
+            "optim.accumulation_steps: online DPO keeps each pair in one micro-batch; "
+            f"micro-batches take strided rows, so it must be 1, got "
+            f"{cfg.optim.accumulation_steps}."
+        )
 
 
 def _validate_rewards(cfg: RunConfig) -> None:

@@ -114,13 +114,14 @@ def prompt_group_size(config: Any, mesh: Any, *, update: bool) -> int:
     The rollout batch is prompt-major (row `b·G + g`), and the log-prob forwards and row groups
     take contiguous whole prompts, so `G` applies to them on one device. The update also
     needs every loss call to see whole groups: `parallel: jit` with one minibatch and one
-    micro-batch (minibatches and micro-batches take strided rows).
+    micro-batch (minibatches and micro-batches take strided rows). Online DPO's update sees 2
+    rows per prompt, its pair.
 
     Examples:
       >>> from types import SimpleNamespace as NS
       >>> config = NS(kind="rl", parallel="jit", train=NS(shared_prompt_forward=True),
       ...             sampling=NS(num_samples=8), optim=NS(accumulation_steps=1),
-      ...             algorithm=NS(minibatches=2))
+      ...             algorithm=NS(minibatches=2, policy_loss=NS(name="ppo_clip")))
       >>> prompt_group_size(config, NS(size=1), update=False)
       8
       >>> prompt_group_size(config, NS(size=1), update=True)  # strided minibatches
@@ -131,6 +132,8 @@ def prompt_group_size(config: Any, mesh: Any, *, update: bool) -> int:
     parts = config.algorithm.minibatches * config.optim.accumulation_steps
     if update and (config.parallel != "jit" or parts > 1):
         return 1
+    if update and config.algorithm.policy_loss.name == "online_dpo":
+        return 2  # the update sees each prompt's pair (`train.online_dpo_select`)
     return config.sampling.num_samples
 
 

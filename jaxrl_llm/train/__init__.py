@@ -34,6 +34,7 @@ from jaxrl_llm.train.algorithms import (
     kl_controller,
     online_dpo_normalizers,
     online_dpo_pairs,
+    online_dpo_select,
     preset,
     rl_loss,
 )
@@ -167,6 +168,7 @@ __all__ = [
     "micro_batch_stats",
     "online_dpo_normalizers",
     "online_dpo_pairs",
+    "online_dpo_select",
     "pack_batch",
     "pair_valid",
     "param_path",

@@ -26,7 +26,12 @@ import jax
 import jax.numpy as jnp
 
 import losses
-from jaxrl_llm.train.algorithms import GROUPED_ESTIMATORS, AlgorithmConfig, online_dpo_pairs
+from jaxrl_llm.train.algorithms import (
+    GROUPED_ESTIMATORS,
+    AlgorithmConfig,
+    online_dpo_pairs,
+    online_dpo_select,
+)
 from jaxrl_llm.train.batch import RLBatch, SequenceBatch, check_sequence_batch
 
 
@@ -223,7 +228,8 @@ def build_rl_batch(
       kl_coef: β (`state.kl.beta`).
 
     Returns:
-      `(batch, metrics)` with the metrics of `compute_advantages`.
+      `(batch, metrics)` with the metrics of `compute_advantages`. Online DPO with `G > 2`
+      keeps each group's best and worst rows (`online_dpo_select`): the batch has `2N/G` rows.
 
     Examples:
       >>> import jax.numpy as jnp
@@ -270,6 +276,8 @@ def build_rl_batch(
     )
     metrics = out.metrics
     if config.policy_loss.name == "online_dpo":  # the share of pairs whose rewards differ
-        _, valid = online_dpo_pairs(batch.advantages, mask)
+        if group_size > 2:  # each group's best and worst sample: 2 rows per prompt
+            batch = online_dpo_select(batch, group_size)
+        _, valid = online_dpo_pairs(batch.advantages, batch.completion_mask)
         metrics = {**metrics, "online_dpo/valid_pairs": jnp.mean(valid.astype(jnp.float32))}
     return batch, metrics

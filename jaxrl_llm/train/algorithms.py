@@ -11,9 +11,10 @@ composes them for one micro-batch:
 
 The policy loss "online_dpo" is a preference loss instead (Online DPO, "Direct Language Model
 Alignment from Online AI Feedback", arXiv 2402.04792; TRL's `OnlineDPOTrainer`): each prompt's
-two samples form a pair, the one with the higher advantage (so the higher reward, for the
-grouped estimators) is chosen, and `losses.dpo_loss` compares their sequence log-prob sums with
-the reference's (`online_dpo_pairs`); pairs with equal rewards are left out.
+two samples form a pair (with `G > 2` samples, its best and worst: `online_dpo_select`), the
+one with the higher advantage (so the higher reward, for the grouped estimators) is chosen, and
+`losses.dpo_loss` compares their sequence log-prob sums with the reference's
+(`online_dpo_pairs`); pairs with equal rewards are left out.
 
 every term aggregated with the micro-batch's share of the *global* normalisers, so the loss of
 an optimizer update is the sum of its micro-batches' losses. KL in the reward (kl.mode =
@@ -508,6 +509,50 @@ def online_dpo_pairs(advantages: jax.Array, mask: jax.Array) -> tuple[jax.Array,
     score = jnp.sum(jnp.where(m > 0, advantages, 0.0), axis=1) / jnp.maximum(m.sum(axis=1), 1.0)
     pairs = score.reshape(-1, 2)
     return pairs[:, 0] > pairs[:, 1], pairs[:, 0] != pairs[:, 1]
+
+
+def online_dpo_select(batch: RLBatch, group_size: int) -> RLBatch:
+    """The rows of online DPO's pairs: each group's best and worst sample, as consecutive rows.
+
+    The batch is prompt-major (rows `b·G .. b·G + G − 1` are prompt `b`'s samples). Each row is
+    scored by its mean advantage over its tokens (as in `online_dpo_pairs`); the group's first
+    row of the highest score and its first row of the lowest score become rows `2b` and
+    `2b + 1` of the result, every field of the batch gathered alike. This is the best-against-
+    worst pairing of online iterative RLHF ("RLHF Workflow: From Reward Modeling to Online
+    RLHF", arXiv 2405.07863). A group whose scores are all equal gives one row twice: a tied
+    pair, which `online_dpo_pairs` leaves out. With `G = 2` the pairs are the groups.
+
+    Args:
+      batch: `N = B·G` rows.
+      group_size: `G >= 2`.
+
+    Returns:
+      The `2B`-row batch.
+
+    Examples:
+      >>> adv = jnp.array([[0.0], [1.0], [-1.0], [0.5], [0.0], [0.0], [0.0], [0.0]])
+      >>> b = RLBatch(jnp.arange(8)[:, None], jnp.ones((8, 1)), jnp.ones((8, 1)), adv)
+      >>> online_dpo_select(b, 4).tokens[:, 0].tolist()  # group 2 is tied: row 4 twice
+      [1, 2, 4, 4]
+    """
+    N = batch.completion_mask.shape[0]
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 2:
+        raise ValueError(
+            f"online_dpo_select: `group_size` must be an int >= 2, got {group_size!r}."
+        )
+    if N % group_size:
+        raise ValueError(
+            f"online_dpo_select: N = {N} rows are not whole groups of group_size = {group_size}."
+        )
+    m = (batch.completion_mask > 0).astype(jnp.float32)
+    score = jnp.sum(jnp.where(m > 0, batch.advantages, 0.0), axis=1) / jnp.maximum(
+        m.sum(axis=1), 1.0
+    )
+    groups = score.reshape(-1, group_size)
+    first = jnp.arange(0, N, group_size, dtype=jnp.int32)
+    rows = jnp.stack([first + jnp.argmax(groups, axis=1), first + jnp.argmin(groups, axis=1)], 1)
+    rows = rows.reshape(-1)
+    return jax.tree.map(lambda x: jnp.take(x, rows, axis=0), batch)
 
 
 def online_dpo_normalizers(batch: RLBatch) -> Normalizers:

@@ -127,6 +127,32 @@ def test_reference_sync_inside_the_compiled_iteration_matches_the_loop(tmp_path)
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
+def test_online_dpo_with_groups_of_four_matches_the_loop(tmp_path):
+    """Online DPO with G = 4 keeps each prompt's best and worst sample (`online_dpo_select`) in
+    the loop and inside the compiled iteration alike: the same metrics and parameters."""
+    path = str(CONFIGS / "online_dpo.yaml")
+    extra = [*IN_GRAPH, "sampling.num_samples=4"]
+    prepared = prepare_run(load_run_config(path, extra, run_dir=tmp_path / "loop"))
+    prepared.checkpointer.close()
+    ctx, state, data = prepared.context, prepared.state, prepared.data
+    history = []
+    for step in range(1, STEPS + 1):
+        state, data, metrics = loop._rl_step(ctx, state, data, step)
+        history.append(_comparable(metrics))
+    compiled_config = [*extra, "train.compiled_iterations=1"]
+    prepared = prepare_run(load_run_config(path, compiled_config, run_dir=tmp_path / "compiled"))
+    prepared.checkpointer.close()
+    key = loop._stream_key(0, loop._SAMPLE_STREAM)
+    out = list(compiled_steps(prepared.context, prepared.state, prepared.data, 0, STEPS, key))
+    assert all("online_dpo/valid_pairs" in m for m in history)
+    for ours, theirs in zip((_comparable(r[3]) for r in out), history, strict=True):
+        assert ours.keys() == theirs.keys()
+        for key, value in theirs.items():  # reward/std: the in-graph and host stds round apart
+            np.testing.assert_allclose(ours[key], value, rtol=1e-6, atol=1e-7, err_msg=key)
+    for a, b in zip(_host(out[-1][1]), _host(state), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
 def _final_state(run_dir, overrides):
     prepared = prepare_run(load_run_config(GRPO, overrides, run_dir=run_dir), resume=True)
     prepared.checkpointer.close()

@@ -4,8 +4,8 @@ Task: after a random 4-token prompt, write 4 tokens; the reward is the fraction 
 target set {1, …, 8} of a 53-token vocabulary (optimum 1.0, a uniform policy scores 8/53 ≈ 0.15).
 Completions come from the compiled sampler (`jaxrl_llm.sampler.sample_tokens`, G samples per
 prompt); the loop is the one the training stack runs: sample → old / reference / critic
-forwards → rewards → `build_rl_batch` → compiled update step. Online DPO pairs consecutive rows
-(`online_dpo_pairs`), so each prompt's 8 samples give it 4 pairs here.
+forwards → rewards → `build_rl_batch` → compiled update step. Online DPO pairs each prompt's
+best and worst of its 8 samples (`online_dpo_select`): 4 pairs per step here.
 """
 
 from __future__ import annotations

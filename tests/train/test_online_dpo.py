@@ -1,6 +1,6 @@
-"""Online DPO (`policy_loss: online_dpo`): each prompt's two samples, ranked by their advantage,
-through `losses.dpo_loss`, checked against a float64 NumPy reference (value and gradient),
-with ties left out of the mean, and its configuration errors."""
+"""Online DPO (`policy_loss: online_dpo`): each prompt's two samples (with more, its best and
+worst), ranked by their advantage, through `losses.dpo_loss`, checked against a float64 NumPy
+reference (value and gradient), with ties left out of the mean, and its configuration errors."""
 
 from __future__ import annotations
 
@@ -18,7 +18,11 @@ from jaxrl_llm.train import (
     preset,
     rl_loss,
 )
-from jaxrl_llm.train.algorithms import online_dpo_normalizers, online_dpo_pairs
+from jaxrl_llm.train.algorithms import (
+    online_dpo_normalizers,
+    online_dpo_pairs,
+    online_dpo_select,
+)
 
 B, T = 5, 4  # prompts, completion tokens
 
@@ -157,3 +161,71 @@ def test_the_batch_reports_the_share_of_pairs_whose_rewards_differ():
     assert float(metrics["online_dpo/valid_pairs"]) == 0.5
     with pytest.raises(ValueError, match="policy_loss 'online_dpo' needs `ref_logp`"):
         build_rl_batch(preset("online_dpo"), **arrays)
+
+
+def test_larger_groups_pair_each_prompts_best_and_worst_sample():
+    # G = 4: NumPy picks the first row of the highest and of the lowest mean advantage
+    rng = np.random.default_rng(2)
+    G, N = 4, 4 * B
+    mask = (np.arange(T) < rng.integers(1, T + 1, size=(N, 1))).astype(np.float32)
+    adv = rng.integers(-2, 3, size=(N, 1)).astype(np.float32) * mask  # ties within groups
+    adv[8:12] = 0.0  # group 2: every score equal -> a tied pair of one row
+    fields = dict(
+        tokens=rng.integers(0, 9, (N, T + 1)).astype(np.int32),
+        attention_mask=np.ones((N, T + 1), np.int32),
+        completion_mask=mask,
+        advantages=adv,
+        ref_logp=-rng.uniform(0.1, 2.0, (N, T)).astype(np.float32),
+    )
+    picked = online_dpo_select(RLBatch(**fields), G)
+    score = adv.sum(1) / mask.sum(1)
+    best = [b * G + int(np.argmax(score[b * G : (b + 1) * G])) for b in range(B)]
+    worst = [b * G + int(np.argmin(score[b * G : (b + 1) * G])) for b in range(B)]
+    rows = np.stack([best, worst], 1).reshape(-1)
+    assert rows[4] == rows[5] == 8  # the tied group gives its first row twice
+    for name, value in fields.items():
+        np.testing.assert_array_equal(np.asarray(getattr(picked, name)), value[rows])
+    first, valid = online_dpo_pairs(picked.advantages, picked.completion_mask)
+    differ = [bool(score[b] > score[w]) for b, w in zip(best, worst, strict=True)]
+    assert valid.tolist() == differ and not all(differ)  # the tied group is no pair
+    assert first.tolist() == differ  # the best comes first wherever the pair is valid
+    with pytest.raises(ValueError, match="not whole groups of group_size = 3"):
+        online_dpo_select(RLBatch(**fields), 3)
+    with pytest.raises(ValueError, match="`group_size` must be an int >= 2"):
+        online_dpo_select(RLBatch(**fields), 1)
+
+
+def test_a_g4_batch_trains_on_best_against_worst_by_reward():
+    # build_rl_batch keeps 2 rows per prompt; the loss is DPO of the best against the worst
+    from jaxrl_llm.train import build_rl_batch
+
+    rng = np.random.default_rng(3)
+    G, N = 4, 4 * B
+    rewards = rng.integers(0, 3, size=N).astype(np.float32)
+    rewards[4:8] = 1.0  # a prompt whose samples all score the same
+    mask = (np.arange(T) < rng.integers(1, T + 1, size=(N, 1))).astype(np.float32)
+    ref = -rng.uniform(0.1, 2.0, size=(N, T)).astype(np.float32)
+    config = preset("online_dpo")
+    batch, metrics = build_rl_batch(
+        config,
+        tokens=jnp.zeros((N, T + 1), jnp.int32),
+        attention_mask=jnp.ones((N, T + 1), jnp.int32),
+        completion_mask=jnp.asarray(mask),
+        rewards=jnp.asarray(rewards),
+        group_size=G,
+        ref_logp=jnp.asarray(ref),
+    )
+    assert batch.tokens.shape[0] == 2 * B
+    r = rewards.reshape(B, G)
+    best, worst = np.argmax(r, 1) + np.arange(0, N, G), np.argmin(r, 1) + np.arange(0, N, G)
+    valid = r.max(1) > r.min(1)
+    assert float(metrics["online_dpo/valid_pairs"]) == pytest.approx(valid.mean())
+    assert not valid.all()
+    logp = -rng.uniform(0.1, 2.0, size=(N, T))
+    seq = np.where(mask > 0, logp - ref, 0.0).sum(1)  # float64 Δ of every sampled row
+    z = config.policy_loss.beta * (seq[best] - seq[worst])
+    expected = np.logaddexp(0.0, -z)[valid].sum() / valid.sum()
+    rows = np.stack([best, worst], 1).reshape(-1)
+    lp = jnp.asarray(logp[rows], jnp.float32)
+    value, _ = rl_loss(config, batch, online_dpo_normalizers(batch), logp=lp, entropy=0 * lp)
+    np.testing.assert_allclose(value, expected, rtol=1e-5)

@@ -51,25 +51,30 @@ def _comparable(metrics):
     return {k: v for k, v in metrics.items() if not k.startswith(("time/", "perf/"))}
 
 
-def _prepared(run_dir, *extra):
-    return prepare_run(load_run_config(GRPO, [*IN_GRAPH, *extra], run_dir=run_dir))
+def _prepared(run_dir, *extra, config=GRPO):
+    return prepare_run(load_run_config(config, [*IN_GRAPH, *extra], run_dir=run_dir))
 
 
-@pytest.fixture(scope="module")
-def loop_run(tmp_path_factory):
-    """`STEPS` steps of the step-by-step loop: final state (host arrays) and per-step metrics."""
-    prepared = _prepared(tmp_path_factory.mktemp("loop"))
+def _loop_steps(prepared):
+    """`STEPS` steps of the step-by-step loop: final state, data state, per-step metrics."""
     prepared.checkpointer.close()
     ctx, state, data = prepared.context, prepared.state, prepared.data
     history = []
     for step in range(1, STEPS + 1):
         state, data, metrics = loop._rl_step(ctx, state, data, step)
         history.append(_comparable(metrics))
+    return state, data, history
+
+
+@pytest.fixture(scope="module")
+def loop_run(tmp_path_factory):
+    """The loop's final state (host arrays), data state and per-step metrics."""
+    state, data, history = _loop_steps(_prepared(tmp_path_factory.mktemp("loop")))
     return _host(state), data, history
 
 
-def _compiled_run(run_dir, K, *extra):
-    prepared = _prepared(run_dir, f"train.compiled_iterations={K}", *extra)
+def _compiled_run(run_dir, K, *extra, config=GRPO):
+    prepared = _prepared(run_dir, f"train.compiled_iterations={K}", *extra, config=config)
     prepared.checkpointer.close()
     key = loop._stream_key(0, loop._SAMPLE_STREAM)
     out = list(compiled_steps(prepared.context, prepared.state, prepared.data, 0, STEPS, key))
@@ -130,26 +135,15 @@ def test_reference_sync_inside_the_compiled_iteration_matches_the_loop(tmp_path)
 def test_online_dpo_with_groups_of_four_matches_the_loop(tmp_path):
     """Online DPO with G = 4 keeps each prompt's best and worst sample (`online_dpo_select`) in
     the loop and inside the compiled iteration alike: the same metrics and parameters."""
-    path = str(CONFIGS / "online_dpo.yaml")
-    extra = [*IN_GRAPH, "sampling.num_samples=4"]
-    prepared = prepare_run(load_run_config(path, extra, run_dir=tmp_path / "loop"))
-    prepared.checkpointer.close()
-    ctx, state, data = prepared.context, prepared.state, prepared.data
-    history = []
-    for step in range(1, STEPS + 1):
-        state, data, metrics = loop._rl_step(ctx, state, data, step)
-        history.append(_comparable(metrics))
-    compiled_config = [*extra, "train.compiled_iterations=1"]
-    prepared = prepare_run(load_run_config(path, compiled_config, run_dir=tmp_path / "compiled"))
-    prepared.checkpointer.close()
-    key = loop._stream_key(0, loop._SAMPLE_STREAM)
-    out = list(compiled_steps(prepared.context, prepared.state, prepared.data, 0, STEPS, key))
+    path, groups = str(CONFIGS / "online_dpo.yaml"), "sampling.num_samples=4"
+    state, _, history = _loop_steps(_prepared(tmp_path / "loop", groups, config=path))
+    _, _, compiled_state, _, compiled = _compiled_run(tmp_path / "c", 1, groups, config=path)
     assert all("online_dpo/valid_pairs" in m for m in history)
-    for ours, theirs in zip((_comparable(r[3]) for r in out), history, strict=True):
+    for ours, theirs in zip(compiled, history, strict=True):
         assert ours.keys() == theirs.keys()
         for key, value in theirs.items():  # reward/std: the in-graph and host stds round apart
             np.testing.assert_allclose(ours[key], value, rtol=1e-6, atol=1e-7, err_msg=key)
-    for a, b in zip(_host(out[-1][1]), _host(state), strict=True):
+    for a, b in zip(compiled_state, _host(state), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 

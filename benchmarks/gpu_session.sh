@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The GPU measurements of one lent-machine session, as one command (≈ 6-8 min on an H100, most
+# of it compiling; docs/performance.md, "On a GPU"):
+#
+#   benchmarks/gpu_session.sh OUT_DIR [ARGS...]     ARGS go to every bench_gpu call
+#   PYTHON=.venv/bin/python benchmarks/gpu_session.sh /tmp/g --tiny    a smoke run on a CPU
+#
+#   p1  the benchmark (decode at batch 64, the GRPO update step) with the card's measured
+#       ceilings and a profile of each part (benchmarks/profile_summary.py: busy time per CUDA
+#       stream against its span, and the top kernels);
+#   p2  the default decode with XLA's command buffers for loops (the decode while_loop as a CUDA
+#       graph): XLA_FLAGS=--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL;
+#   p3  the same flags with every layer unrolled (layer_unroll 24);
+#   p4  default flags: the layer scan in groups of 4, and the update at 32 sequences.
+#
+# Each part runs in its own process under a time limit and writes OUT_DIR/pN/bench_gpu.json
+# as it goes, so a part that fails or runs out of time keeps what it measured and the next
+# part still runs. The log is OUT_DIR/log.txt.
+set -u
+out=${1:?usage: benchmarks/gpu_session.sh OUT_DIR [ARGS...]}
+shift
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+bench=("${PYTHON:-python3}" -m benchmarks.bench_gpu "$@")
+graphs="XLA_FLAGS=--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL"
+part() {  # part NAME SECONDS [env VAR=...] ARGS...
+    local name=$1 limit=$2
+    shift 2
+    timeout "$limit" "$@" >>"$out/log.txt" 2>&1
+    echo "== $name: exit $?" | tee -a "$out/log.txt"
+}
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv >"$out/smi.txt" 2>&1
+part p1 110 "${bench[@]}" --out "$out/p1" --repeat 10 --profile
+part p2 75 env "$graphs" "${bench[@]}" --out "$out/p2" --skip ceilings update
+part p3 130 env "$graphs" "${bench[@]}" --out "$out/p3" --skip ceilings decode update \
+    --variants --update-variants '[]' --decode-variants '[{"layer_unroll": 24}]'
+part p4 130 "${bench[@]}" --out "$out/p4" --skip ceilings decode update --variants \
+    --update-variants '[{"rows": 32}]' --decode-variants '[{"layer_unroll": 4}]'

@@ -154,7 +154,7 @@ def load_task(config: RunConfig, tokenizer: Any) -> TaskData:
     answers = [_answer_ids(e, config, tokenizer) for e in train + evals]
     A = max(1, max((len(a) for a in answers), default=1))
     T = config.sampling.max_new_tokens
-    fits = np.asarray([len(a) + 1 <= T for a in answers[: len(train)]], bool)
+    fits = np.asarray([_fits_completion(a, T) for a in answers[: len(train)]], bool)
     sft_train = np.flatnonzero(fits)
     too_long_answers = int((~fits).sum())
     needs_pairs = config.kind == "sft" or config.warm_start is not None
@@ -202,7 +202,12 @@ def answer_fits(task: TaskData, example: dict, config: RunConfig, tokenizer: Any
       >>> [answer_fits(task, {"prompt": "", "answer": a}, cfg, ByteTokenizer()) for a in ("12", "123")]
       [True, False]
     """
-    return len(_answer_ids(example, config, tokenizer)) + 1 <= task.completion_length
+    return _fits_completion(_answer_ids(example, config, tokenizer), task.completion_length)
+
+
+def _fits_completion(answer_ids: Sequence[int], budget: int) -> bool:
+    """The answer's tokens and the EOS that ends a supervised completion fit `budget` tokens."""
+    return len(answer_ids) + 1 <= budget
 
 
 def prompt_batch(

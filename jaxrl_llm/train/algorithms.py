@@ -492,8 +492,9 @@ def _policy_loss_fn(config: PolicyLossConfig) -> Callable[..., tuple[jax.Array, 
 
 def online_dpo_pairs(advantages: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
     """`(first_chosen[B], valid[B])` of rows that come in pairs (rows `2b`, `2b + 1`: a prompt's
-    two samples): each row is scored by its mean advantage over its tokens; the higher one is
-    chosen, and a pair with equal scores (equal rewards) is not valid.
+    two samples, or its best and worst of more, `online_dpo_select`): each row is scored by its
+    mean advantage over its tokens; the higher one is chosen, and a pair with equal scores
+    (equal rewards) is not valid.
 
     Examples:
       >>> adv = jnp.array([[1.0, 1.0], [-1.0, -1.0], [0.0, 0.0], [0.0, 0.0]])

@@ -291,11 +291,6 @@ def decode_step(
         masks += (cached_attention_mask(before, after, positions, cfg.sliding_window),)
     zero = jnp.zeros((), jnp.int32)
 
-    def new_entries(k_new: Array, v_new: Array, dtype: Any) -> tuple[Array, Array]:
-        # [N, 1, K, Hd] -> keys [N, K, Hd, 1], values [N, K, 1, Hd]
-        k_new = jnp.transpose(k_new, (0, 2, 3, 1)).astype(dtype)
-        return k_new, jnp.transpose(v_new, (0, 2, 1, 3)).astype(dtype)
-
     def layer(x: Array, write: Any, state: Any, kind: Any) -> Any:
         if isinstance(kind, int):  # a Python loop: the layer type is known
             (sin, cos), mask = rope[kind], masks[kind]
@@ -307,7 +302,9 @@ def decode_step(
 
     def write_layer(k_buf: Array, v_buf: Array) -> Any:
         def write(k_new: Array, v_new: Array) -> tuple[Array, Array, Any]:
-            k_new, v_new = new_entries(k_new, v_new, k_buf.dtype)
+            # [N, 1, K, Hd] -> keys [N, K, Hd, 1], values [N, K, 1, Hd], at slot `length`
+            k_new = jnp.transpose(k_new, (0, 2, 3, 1)).astype(k_buf.dtype)
+            v_new = jnp.transpose(v_new, (0, 2, 1, 3)).astype(v_buf.dtype)
             k = jax.lax.dynamic_update_slice(k_buf, k_new, (zero, zero, zero, slot))
             v = jax.lax.dynamic_update_slice(v_buf, v_new, (zero, zero, slot, zero))
             return k, v, (k, v)

@@ -28,7 +28,7 @@ Memory per device (bytes):
 
 with `‖·‖_t` the share when split over tensor only. With LoRA adapters of rank `r`
 (`lora_rank`: every projection, `models.add_lora`; `‖A‖` their elements, named like their
-weights): params = (‖W‖_dev + ‖A‖_dev)·b_p; optimizer, gradients and the reference hold the
+weights, with `dora` also DoRA's magnitudes, one per output feature): params = (‖W‖_dev + ‖A‖_dev)·b_p; optimizer, gradients and the reference hold the
 adapters only (2·‖A‖_dev·b_o, ‖A‖_dev·b_p, ‖A‖_dev·b_c); the sampler holds (‖W‖_t + ‖A‖_t)·b_c;
 the update's matmuls take 4·W_mm instead of 6·W_mm FLOPs per token (no weight gradient of the
 base), and only the adapters' gradients are reduced. Saved activations per token and layer

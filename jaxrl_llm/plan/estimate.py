@@ -53,6 +53,7 @@ class PlanConfig:
     lora_rank: int | None = None  # train LoRA adapters of this rank on every projection
     critic: bool = False  # PPO's separate critic (`critic.kind: model`), trained alongside
     critic_lora_rank: int | None = None  # the critic's LoRA adapters (`model.critic_lora`)
+    dora: bool = False  # DoRA: the adapters also train a magnitude per output feature
     logits_chunk: int | None = None  # tokens per device whose logits exist at once; None: all
     attention_chunk: int | None = None  # queries per attention block (model.attention_chunk)
     mfu: float = 0.4
@@ -96,6 +97,8 @@ class PlanConfig:
                 )
         if self.critic_lora_rank is not None and not self.critic:
             raise ValueError("PlanConfig.critic_lora_rank needs critic=True (a separate critic).")
+        if self.dora and self.lora_rank is None and self.critic_lora_rank is None:
+            raise ValueError("PlanConfig.dora needs LoRA adapters (lora_rank or critic_lora_rank).")
         for name in ("mfu", "bandwidth_efficiency"):
             if not 0 < getattr(self, name) <= 1:
                 raise ValueError(
@@ -299,12 +302,14 @@ def _sizes(config: ModelConfig, plan: PlanConfig) -> _Sizes:
     K = config.num_kv_heads
     micro = plan.micro_batch or plan.num_sequences // plan.minibatches
     mesh = AbstractMesh((d, f, t), MESH_AXES)
-    adapters = lora_shapes(config, plan.lora_rank) if plan.lora_rank else ()
+    adapters = lora_shapes(config, plan.lora_rank, plan.dora) if plan.lora_rank else ()
     a_dev, a_t = _per_device_elements(adapters, mesh), _per_device_elements(adapters, tensor_only)
     w_dev, w_t = _per_device_elements(params, mesh), _per_device_elements(params, tensor_only)
     critic = critic_shapes(config) if plan.critic else ()
     head = tuple(p for p in critic if p.path == "head.kernel")
-    c_adapters = lora_shapes(config, plan.critic_lora_rank) if plan.critic_lora_rank else ()
+    c_adapters = (
+        lora_shapes(config, plan.critic_lora_rank, plan.dora) if plan.critic_lora_rank else ()
+    )
     c_trained = (*c_adapters, *head) if c_adapters else critic
     embed = config.vocab_size * config.hidden_size
     return _Sizes(

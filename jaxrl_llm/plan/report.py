@@ -48,13 +48,18 @@ def format_plan(p: Plan) -> str:
         f"{c.micro_batch or c.num_sequences // c.minibatches}, {c.epochs} epoch(s) × "
         f"{c.minibatches} update(s)"
         + (
-            f"; LoRA rank {c.lora_rank} on every projection (only the adapters train)"
+            f"; {'DoRA' if c.dora else 'LoRA'} rank {c.lora_rank} on every projection (only the "
+            "adapters train)"
             if c.lora_rank
             else ""
         )
         + (
             "; a separate critic"
-            + (f" with LoRA rank {c.critic_lora_rank}" if c.critic_lora_rank else "")
+            + (
+                f" with {'DoRA' if c.dora else 'LoRA'} rank {c.critic_lora_rank}"
+                if c.critic_lora_rank
+                else ""
+            )
             if c.critic
             else ""
         ),
@@ -157,6 +162,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--remat", default=PlanConfig.remat, choices=["none", "dots", "full"])
     p.add_argument("--reference", action="store_true", help="hold a frozen KL reference policy")
     p.add_argument("--lora-rank", type=int, default=None, help="train LoRA adapters of this rank")
+    p.add_argument("--dora", action="store_true", help="the adapters are DoRA's (magnitudes)")
     p.add_argument("--critic", action="store_true", help="PPO's separate critic (a value model)")
     p.add_argument(
         "--critic-lora-rank", type=int, default=None, help="the critic's LoRA adapters' rank"
@@ -196,6 +202,7 @@ def run(args: argparse.Namespace) -> int:
             lora_rank=args.lora_rank,
             critic=args.critic,
             critic_lora_rank=args.critic_lora_rank,
+            dora=args.dora,
             logits_chunk=args.logits_chunk,
             attention_chunk=args.attention_chunk,
             mfu=args.mfu,

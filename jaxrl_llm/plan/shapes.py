@@ -160,16 +160,19 @@ def parameter_shapes(config: ModelConfig) -> tuple[ParamShape, ...]:
     return tuple(out)
 
 
-def lora_shapes(config: ModelConfig, rank: int) -> tuple[ParamShape, ...]:
-    """The LoRA adapters of `add_lora(Decoder(config), LoRAConfig(rank=rank))` (every
-    projection: q, k, v, o, gate, up, down): `A [L, *inputs, r]` and `B [L, r, *outputs]`,
-    named like their weight with the rank axis unsplit (docs/models.md).
+def lora_shapes(config: ModelConfig, rank: int, dora: bool = False) -> tuple[ParamShape, ...]:
+    """The LoRA adapters of `add_lora(Decoder(config), LoRAConfig(rank=rank, use_dora=dora))`
+    (every projection: q, k, v, o, gate, up, down): `A [L, *inputs, r]` and `B [L, r, *outputs]`,
+    named like their weight with the rank axis unsplit (docs/models.md), and with `dora`
+    DoRA's magnitudes `m [L, *outputs]`, named like the outputs.
 
     Examples:
       >>> cfg = ModelConfig(family="llama", vocab_size=11, hidden_size=8, intermediate_size=16,
       ...                   num_layers=2, num_heads=2, num_kv_heads=1, head_dim=4)
       >>> sum(math.prod(p.shape) for p in lora_shapes(cfg, 2))  # 2·2·(2·(8+8) + 2·(8+4) + 3·(8+16))
       512
+      >>> sum(math.prod(p.shape) for p in lora_shapes(cfg, 2, dora=True)) - 512  # 2·(8+4+4+8+16+16+8)
+      128
     """
     out = []
     for weight in parameter_shapes(config):
@@ -188,6 +191,12 @@ def lora_shapes(config: ModelConfig, rank: int) -> tuple[ParamShape, ...]:
                 (names[0], None, *names[split:]),
             )
         )
+        if dora:
+            out.append(
+                ParamShape(
+                    f"{weight.path}_lora_m", (shape[0], *shape[split:]), (names[0], *names[split:])
+                )
+            )
     return tuple(out)
 
 

@@ -380,11 +380,15 @@ def test_lora_shapes_are_the_adapters_of_add_lora():
 
     config = FAMILIES["qwen3"]
 
-    def adapted():
-        return add_lora(Decoder(config, rngs=nnx.Rngs(0)), LoRAConfig(rank=3), rngs=nnx.Rngs(1))
+    for dora in (False, True):  # DoRA adds a magnitude per output feature
 
-    actual = {path: v for path, v in model_shapes(adapted).items() if "_lora_" in path}
-    assert {p.path: (p.shape, p.names) for p in lora_shapes(config, 3)} == actual
+        def adapted(dora=dora):
+            lora = LoRAConfig(rank=3, use_dora=dora)
+            return add_lora(Decoder(config, rngs=nnx.Rngs(0)), lora, rngs=nnx.Rngs(1))
+
+        actual = {path: v for path, v in model_shapes(adapted).items() if "_lora_" in path}
+        assert {p.path: (p.shape, p.names) for p in lora_shapes(config, 3, dora)} == actual
+        assert any(path.endswith("_lora_m") for path in actual) == dora
 
 
 def test_lora_memory_and_time_follow_the_formulas():

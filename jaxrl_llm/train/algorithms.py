@@ -490,6 +490,12 @@ def _policy_loss_fn(config: PolicyLossConfig) -> Callable[..., tuple[jax.Array, 
     return lambda lp, old, adv, m, **kw: fn(lp, old, adv, m, **kw, **kwargs)
 
 
+def _row_scores(advantages: jax.Array, mask: jax.Array) -> jax.Array:
+    """Online DPO's rank of a row: its mean advantage over its valid tokens (0 for none)."""
+    m = (mask > 0).astype(jnp.float32)
+    return jnp.sum(jnp.where(m > 0, advantages, 0.0), axis=1) / jnp.maximum(m.sum(axis=1), 1.0)
+
+
 def online_dpo_pairs(advantages: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
     """`(first_chosen[B], valid[B])` of rows that come in pairs (rows `2b`, `2b + 1`: a prompt's
     two samples, or its best and worst of more, `online_dpo_select`): each row is scored by its
@@ -506,9 +512,7 @@ def online_dpo_pairs(advantages: jax.Array, mask: jax.Array) -> tuple[jax.Array,
         raise ValueError(
             f"online_dpo_pairs: the rows come in pairs, got N = {advantages.shape[0]} rows."
         )
-    m = (mask > 0).astype(jnp.float32)
-    score = jnp.sum(jnp.where(m > 0, advantages, 0.0), axis=1) / jnp.maximum(m.sum(axis=1), 1.0)
-    pairs = score.reshape(-1, 2)
+    pairs = _row_scores(advantages, mask).reshape(-1, 2)
     return pairs[:, 0] > pairs[:, 1], pairs[:, 0] != pairs[:, 1]
 
 
@@ -545,11 +549,7 @@ def online_dpo_select(batch: RLBatch, group_size: int) -> RLBatch:
         raise ValueError(
             f"online_dpo_select: N = {N} rows are not whole groups of group_size = {group_size}."
         )
-    m = (batch.completion_mask > 0).astype(jnp.float32)
-    score = jnp.sum(jnp.where(m > 0, batch.advantages, 0.0), axis=1) / jnp.maximum(
-        m.sum(axis=1), 1.0
-    )
-    groups = score.reshape(-1, group_size)
+    groups = _row_scores(batch.advantages, batch.completion_mask).reshape(-1, group_size)
     first = jnp.arange(0, N, group_size, dtype=jnp.int32)
     rows = jnp.stack([first + jnp.argmax(groups, axis=1), first + jnp.argmin(groups, axis=1)], 1)
     rows = rows.reshape(-1)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU measurements of one lent-machine session, as one command (≈ 6-8 min on an H100, most
+# The GPU measurements of one lent-machine session, as one command (≈ 7-9 min on an H100, most
 # of it compiling; docs/performance.md, "On a GPU"):
 #
 #   benchmarks/gpu_session.sh OUT_DIR [ARGS...]     ARGS go to every bench_gpu call
@@ -11,11 +11,15 @@
 #   p2  the default decode with XLA's command buffers for loops (the decode while_loop as a CUDA
 #       graph): XLA_FLAGS=--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL;
 #   p3  the same flags with every layer unrolled (layer_unroll 24);
-#   p4  default flags: the layer scan in groups of 4, and the update at 32 sequences.
+#   p4  default flags: the layer scan in groups of 4, and the update at 32 sequences;
+#   p5  default flags: 8 decode steps per while-loop iteration as an inner loop of fixed trip
+#       count (unroll_loop_steps false), which XLA runs without reading a condition back to
+#       the host: one round trip per 8 steps without unrolling the step.
 #
-# Each part runs in its own process under a time limit and writes OUT_DIR/pN/bench_gpu.json
-# as it goes, so a part that fails or runs out of time keeps what it measured and the next
-# part still runs. The log is OUT_DIR/log.txt.
+# Parts p2-p5 each change one lever against p1's default decode. Each part runs in its own
+# process under a time limit and writes OUT_DIR/pN/bench_gpu.json as it goes, so a part that
+# fails or runs out of time keeps what it measured and the next part still runs. The log is
+# OUT_DIR/log.txt.
 set -u
 out=${1:?usage: benchmarks/gpu_session.sh OUT_DIR [ARGS...]}
 shift
@@ -36,3 +40,5 @@ part p3 130 env "$graphs" "${bench[@]}" --out "$out/p3" --skip ceilings decode u
     --variants --update-variants '[]' --decode-variants '[{"layer_unroll": 24}]'
 part p4 130 "${bench[@]}" --out "$out/p4" --skip ceilings decode update --variants \
     --update-variants '[{"rows": 32}]' --decode-variants '[{"layer_unroll": 4}]'
+part p5 90 "${bench[@]}" --out "$out/p5" --skip ceilings decode update --variants \
+    --update-variants '[]' --decode-variants '[{"steps_per_loop": 8, "unroll_loop_steps": false}]'

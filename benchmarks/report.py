@@ -360,7 +360,9 @@ def attention_table(results: pathlib.Path) -> list[str]:
 
 def _gpu_decode_row(d: dict) -> str:
     shape = ", ".join(
-        f"{k} {d[k]}" for k in ("layer_unroll", "steps_per_loop", "decode_phases") if k in d
+        f"{k} {d[k]}"
+        for k in ("layer_unroll", "steps_per_loop", "unroll_loop_steps", "decode_phases")
+        if k in d
     )
     frac, measured = d.get("fraction_of_roofline"), d.get("fraction_of_measured_roofline")
     return (

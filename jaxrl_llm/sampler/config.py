@@ -52,6 +52,13 @@ class SamplingConfig:
         run up to `steps_per_loop - 1` steps past the last row). XLA:CPU's loop overhead is
         small next to a decode step: 1 is as fast as 2, 4 or 8 and compiles the loop body
         once (0.4-0.5 s less than 4 on the benchmark models).
+      unroll_loop_steps: True runs an iteration's `steps_per_loop` steps as one unrolled body
+        (U copies of the step: compile time grows with U); False as an inner loop of fixed
+        trip count U, which compiles the step once. Both check the stop condition once per
+        U steps. On GPUs XLA runs a loop of known trip count without reading its condition
+        back to the host (its `WhileThunk` takes the trip count), so the inner loop keeps
+        the host-device round trip of the outer loop to one per U steps without unrolling.
+        Tokens and log-probs do not depend on it.
       layer_unroll: decoder layers per iteration of the layer scan in prefill
         (`Decoder.decode_hidden(layer_unroll=...)`) and decode. A model with at most this
         many layers decodes them as a Python loop over per-layer weights sliced once before
@@ -117,6 +124,7 @@ class SamplingConfig:
     stop_table: StopStringTable | None = None
     pad_id: int = 0
     steps_per_loop: int = 1
+    unroll_loop_steps: bool = True
     layer_unroll: int = 8
     decode_phases: int = 2
     gather_weights: bool = True
@@ -136,7 +144,7 @@ class SamplingConfig:
         ):
             _check_int(self, name, low=1)
         _check_int(self, "pad_id", low=0)
-        for name in ("gather_weights", "merge_lora"):
+        for name in ("gather_weights", "merge_lora", "unroll_loop_steps"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(
                     f"SamplingConfig: `{name}` must be a bool, got {getattr(self, name)!r}."

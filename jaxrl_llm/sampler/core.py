@@ -19,7 +19,8 @@ Program:
    (`stop_strings.stop_string_hits` on the last tokens), or its own budget) or
    after `T'` steps (with `decode_phases > 1`, one `while_loop` per phase, the cache grown by
    empty slots between phases, `phase_ends`, so that attention reads only the slots that the
-   phase can have filled). Each iteration runs `steps_per_loop` steps (an unrolled `lax.scan`);
+   phase can have filled). Each iteration runs `steps_per_loop` steps (a `lax.scan`, unrolled
+   unless `unroll_loop_steps` is False);
    a step draws one token per row (`filters.draw_tokens`, by inverse-CDF sampling with the
    uniform `row_uniforms(row_keys)[n, t]`, drawn with `fold_in(row_key[n], t)` before the
    loop), records it, and feeds it through `decode.decode_step` (the decoder's layers on one
@@ -361,7 +362,9 @@ def sample_tokens(
         ), None
 
     def body(s: _DecodeState) -> _DecodeState:
-        return jax.lax.scan(one_step, s, None, length=U, unroll=True)[0]
+        return jax.lax.scan(
+            one_step, s, None, length=U, unroll=U if config.unroll_loop_steps else 1
+        )[0]
 
     ends = phase_ends(T_loop, U, config.decode_phases)  # the cache grows at each phase end
     start = _DecodeState(

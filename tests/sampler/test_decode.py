@@ -184,13 +184,15 @@ def test_bad_inputs_raise_clear_errors():
         )
 
 
-def test_decode_phases_change_nothing_but_the_cache_length_per_phase():
+def test_loop_shape_changes_nothing_but_the_program():
+    # decode_phases (the cache length per phase) and unroll_loop_steps (an inner loop of fixed
+    # trip count instead of an unrolled body) leave every token and log-prob as they are
     m = model("sliding_softcap")
     graphdef, state = nnx.split(m)
     prompts, mask = jnp.asarray(PROMPTS), jnp.asarray(MASK)
     budgets = jnp.array([3, 13, 13, 13, 9, 13])  # per row: stops inside the first phases
     runs = []
-    for phases in (1, 3):
+    for phases, unroll in ((1, True), (3, True), (3, False)):
         config = SamplingConfig(
             max_new_tokens=13,
             num_samples=2,
@@ -198,6 +200,7 @@ def test_decode_phases_change_nothing_but_the_cache_length_per_phase():
             temperature=0.9,
             steps_per_loop=2,
             decode_phases=phases,
+            unroll_loop_steps=unroll,
         )
         runs.append(
             jit_sample_tokens(
@@ -211,11 +214,12 @@ def test_decode_phases_change_nothing_but_the_cache_length_per_phase():
             )
         )
     assert phase_ends(14, 2, 3) == (4, 10, 14)
-    one, three = runs
-    np.testing.assert_array_equal(np.asarray(one.tokens), np.asarray(three.tokens))
-    np.testing.assert_array_equal(np.asarray(one.lengths), np.asarray(three.lengths))
+    one = runs[0]
     assert int(np.asarray(one.lengths).max()) > 10  # some rows ran into the last phase
-    np.testing.assert_allclose(np.asarray(one.logprobs), np.asarray(three.logprobs), atol=1e-6)
+    for other in runs[1:]:
+        np.testing.assert_array_equal(np.asarray(one.tokens), np.asarray(other.tokens))
+        np.testing.assert_array_equal(np.asarray(one.lengths), np.asarray(other.lengths))
+        np.testing.assert_allclose(np.asarray(one.logprobs), np.asarray(other.logprobs), atol=1e-6)
 
 
 def test_layer_scan_groups_are_the_largest_divisor_of_the_depth():
@@ -252,3 +256,5 @@ def test_grow_decode_cache_appends_empty_slots():
         grow_decode_cache(cache, 2)
     with pytest.raises(ValueError, match="decode_phases"):
         SamplingConfig(decode_phases=0)
+    with pytest.raises(ValueError, match="unroll_loop_steps"):
+        SamplingConfig(unroll_loop_steps=1)

@@ -222,7 +222,6 @@ def _update_batch(spec: _Spec) -> Callable[..., Any]:
         )
     advantages = advantage_program(batch_alg, spec.sampling.num_samples)
     values_of = value_program(spec.graphs, spec.forward_group) if alg.critic is not None else None
-    reuses_batch = alg.epochs * alg.minibatches > 1
 
     def build(state: Any, reference: Any, out: Any, signal: jax.Array) -> Any:
         policy, frozen = state.params["policy"], state.frozen["policy"]
@@ -231,7 +230,7 @@ def _update_batch(spec: _Spec) -> Callable[..., Any]:
             attention_mask=out.attention_mask.astype(jnp.int32),
             completion_mask=out.completion_mask.astype(jnp.float32),
         )
-        old = logprob(policy, frozen, seqs) if reuses_batch or alg.kl.mode == "reward" else None
+        old = logprob(policy, frozen, seqs) if alg.needs_old_logprobs else None
         ref = logprob(reference, frozen, seqs) if alg.needs_reference else None
         values = values_of(state.params, state.frozen, seqs) if values_of is not None else None
         return advantages(

@@ -11,13 +11,15 @@ model is built or any program compiled:
     grouped estimators / drop_zero_variance / decoupled rewards  need sampling.num_samples >= 2
     algorithm.temperature == sampling.temperature (the log-probs score the sampler's policy)
     N = prompts_per_step · G  divisible by  minibatches · accumulation_steps  and  data · fsdp
+      (online DPO: its B pairs divisible by minibatches · accumulation_steps)
     sampling.row_groups  divides prompts_per_step
     rewards.jax_native  only on the built-in tasks, and not with sampling.stop_strings
     rewards.combine: decoupled  only with the group estimator and no KL in the reward
     rewards.on_failure: drop_group  not with advantage.scale: batch (filler rewards would enter
                                     the batch std)
     parallel: pmap  mesh fsdp = tensor = 1, not with train.compiled_iterations; each device's
-                    rows (N / data) divisible by minibatches · accumulation_steps
+                    rows (N / data) divisible by minibatches · accumulation_steps (online
+                    DPO: its pairs)
     train.compiled_iterations  RL with in-graph rewards and no DAPO refills; train.eval_every and
                                checkpoint.every multiples of it
 
@@ -474,6 +476,22 @@ class RunConfig:
         return self.train.prompts_per_step * self.group_size
 
     @property
+    def update_rows(self) -> int:
+        """Rows of the update's batch: `rows_per_step`, except online DPO's `2B` (each prompt's
+        pair, `train.online_dpo_select`)."""
+        if self.kind == "rl" and self.algorithm.policy_loss.name == "online_dpo":
+            return 2 * self.train.prompts_per_step
+        return self.rows_per_step
+
+    @property
+    def update_unit(self) -> int:
+        """Consecutive update rows that share a micro-batch: 2 for online DPO's pairs, else 1
+        (`train.Objective.row_unit`)."""
+        if self.kind == "rl" and self.algorithm.policy_loss.name == "online_dpo":
+            return 2
+        return 1
+
+    @property
     def eval_samples(self) -> int:
         """Samples per eval prompt at temperature 1."""
         return self.train.eval_samples or self.sampling.num_samples
@@ -575,15 +593,20 @@ def _validate_model(cfg: RunConfig) -> None:
 
 
 def _validate_batch(cfg: RunConfig) -> None:
-    rows = cfg.rows_per_step
+    rows = cfg.update_rows
     name = cfg.objective_name
     updates = cfg.objective.minibatches
     name = f"{name}.minibatches"
     parts = updates * cfg.optim.accumulation_steps
-    if rows % parts:
+    if rows % (parts * cfg.update_unit):
+        what = (
+            f"{rows} rows (prompts_per_step {cfg.train.prompts_per_step} × {cfg.group_size} "
+            "samples)"
+            if cfg.update_unit == 1
+            else f"{rows // 2} pairs of rows (online DPO: one per prompt)"
+        )
         raise ConfigError(
-            f"train.prompts_per_step: a step has {rows} rows (prompts_per_step "
-            f"{cfg.train.prompts_per_step} × {cfg.group_size} samples), not divisible into "
+            f"train.prompts_per_step: a step's update has {what}, not divisible into "
             f"{name} × optim.accumulation_steps = {updates} × {cfg.optim.accumulation_steps} "
             "equal micro-batches."
         )
@@ -615,11 +638,13 @@ def _check_rows_per_device(cfg: RunConfig, devices: int) -> None:
         return
     name, section = cfg.objective_name, cfg.objective
     parts = section.minibatches * cfg.optim.accumulation_steps
-    per_device = cfg.rows_per_step // devices
-    if per_device % parts:
+    per_device = cfg.update_rows // devices
+    if per_device % (parts * cfg.update_unit):
         raise ConfigError(
             f"train.prompts_per_step: with parallel: pmap each of the {devices} devices gets "
-            f"{per_device} of the step's {cfg.rows_per_step} rows, not divisible into "
+            f"{per_device} of the step's {cfg.update_rows} rows"
+            + (" (online DPO's pairs)" if cfg.update_unit > 1 else "")
+            + ", not divisible into "
             f"{name}.minibatches × optim.accumulation_steps = {section.minibatches} × "
             f"{cfg.optim.accumulation_steps} micro-batches."
         )
@@ -705,12 +730,6 @@ def _validate_algorithm(cfg: RunConfig, alg: AlgorithmConfig) -> None:
         raise ConfigError(
             f"algorithm.temperature: the update scores the sampler's policy, so it must equal "
             f"sampling.temperature ({cfg.sampling.temperature}), got {alg.temperature}."
-        )
-    if alg.policy_loss.name == "online_dpo" and cfg.optim.accumulation_steps != 1:
-        raise ConfigError(
-            "optim.accumulation_steps: online DPO keeps each pair in one micro-batch; "
-            f"micro-batches take strided rows, so it must be 1, got "
-            f"{cfg.optim.accumulation_steps}."
         )
 
 

@@ -114,10 +114,9 @@ def _rl_step(
             alg, advantage=dataclasses.replace(alg.advantage, scale="none")
         )
     with jax.set_mesh(ctx.mesh):
-        reuses_batch = alg.epochs * alg.minibatches > 1
         old = (
             forward_in_row_groups(ctx, logprob, policy_params, policy_frozen, seqs)
-            if reuses_batch or alg.kl.mode == "reward"
+            if alg.needs_old_logprobs
             else None
         )
         ref = (

@@ -112,10 +112,11 @@ def prompt_group_size(config: Any, mesh: Any, *, update: bool) -> int:
     `Decoder.shared_prompt_hidden_states`), else 1.
 
     The rollout batch is prompt-major (row `b·G + g`), and the log-prob forwards and row groups
-    take contiguous whole prompts, so `G` applies to them on one device. The update also
-    needs every loss call to see whole groups: `parallel: jit` with one minibatch and one
-    micro-batch (minibatches and micro-batches take strided rows). Online DPO's update sees 2
-    rows per prompt, its pair.
+    take contiguous whole prompts, so `G` applies to them on one device. In the update,
+    `parallel: jit` with one minibatch and one micro-batch (minibatches and micro-batches of
+    more take strided rows, which shared groups would change). Online DPO's update sees 2
+    rows per prompt, its pair, which every micro-batch keeps whole (`Objective.row_unit`),
+    so it shares them with any number of micro-batches.
 
     Examples:
       >>> from types import SimpleNamespace as NS
@@ -129,11 +130,12 @@ def prompt_group_size(config: Any, mesh: Any, *, update: bool) -> int:
     """
     if config.kind != "rl" or not config.train.shared_prompt_forward or mesh.size != 1:
         return 1
-    parts = config.algorithm.minibatches * config.optim.accumulation_steps
-    if update and (config.parallel != "jit" or parts > 1):
+    if update and config.parallel != "jit":
         return 1
     if update and config.algorithm.policy_loss.name == "online_dpo":
         return 2  # the update sees each prompt's pair (`train.online_dpo_select`)
+    if update and config.algorithm.minibatches * config.optim.accumulation_steps > 1:
+        return 1
     return config.sampling.num_samples
 
 

@@ -447,10 +447,16 @@ class AlgorithmConfig:
             problems.append("kl.mode 'none' (β already ties the policy to the reference)")
         if self.rollout_correction is not None:
             problems.append("no rollout_correction")
-        if self.minibatches != 1:
-            problems.append("minibatches 1 (minibatches take strided rows and split the pairs)")
         if problems:
             raise ValueError(f"{where}: policy_loss 'online_dpo' needs " + "; ".join(problems))
+
+    @property
+    def needs_old_logprobs(self) -> bool:
+        """Whether the batch needs the sampling policy's log-probs from a forward before the
+        update: the ratio of an update that reuses its batch (`epochs × minibatches > 1`), or
+        a KL in the reward. Online DPO's loss has no ratio."""
+        reuses_batch = self.epochs * self.minibatches > 1 and self.policy_loss.name != "online_dpo"
+        return reuses_batch or self.kl.mode == "reward"
 
     @property
     def needs_reference(self) -> bool:

@@ -15,6 +15,7 @@ objective of the same shape over a batch of chosen/rejected sequences. The updat
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -51,6 +52,30 @@ class Objective(NamedTuple):
     normalizers: Callable[[Any], Normalizers]
     check: Callable[[Any, int], None]
     group_size: int = 1  # the loss assumes groups of this many consecutive rows share a prompt
+    row_unit: int = 1  # the loss reads this many consecutive rows together (a DPO pair: 2)
+
+    @property
+    def unit(self) -> int:
+        """Consecutive rows that every loss call must see whole: `lcm(row_unit, group_size)`.
+        The update step splits and shuffles the batch in these units (`train.update`)."""
+        return math.lcm(self.row_unit, self.group_size)
+
+    def describe_unit(self) -> str:
+        """The unit in words, for error messages.
+
+        Examples:
+          >>> Objective(None, None, None, group_size=4).describe_unit()
+          "groups of the objective's group_size = 4 rows sharing a prompt"
+          >>> Objective(None, None, None, row_unit=2).describe_unit()
+          "units of the objective's 2 rows read together (row_unit = 2)"
+        """
+        if self.row_unit == 1:
+            return f"groups of the objective's group_size = {self.group_size} rows sharing a prompt"
+        return (
+            f"units of the objective's {self.unit} rows read together (row_unit = "
+            f"{self.row_unit}"
+            + (f", group_size = {self.group_size})" if self.group_size > 1 else ")")
+        )
 
 
 def _normalizers(batch: Any) -> Normalizers:
@@ -74,9 +99,9 @@ def rl_objective(config: AlgorithmConfig, graphs: ModelGraphs, *, group_size: in
       config: the algorithm.
       graphs: the model graphs from `split_models` (with a `value` graph iff `config.critic`).
       group_size: `G > 1` when every batch the loss sees comes in groups of `G` consecutive
-        rows with the same prompt (one optimizer update per batch: minibatches and
-        micro-batches take strided rows): each prompt then runs once per layer in the forward
-        passes (`logprobs.completion_hidden`); the same loss up to float rounding.
+        rows with the same prompt: each prompt then runs once per layer in the forward
+        passes (`logprobs.completion_hidden`); the same loss up to float rounding. The
+        update step keeps each group in one micro-batch (`Objective.unit`).
 
     Returns:
       An `Objective`.
@@ -135,7 +160,7 @@ def rl_objective(config: AlgorithmConfig, graphs: ModelGraphs, *, group_size: in
                 f"{where}: {batch.tokens.shape[0]} rows do not form groups of group_size = "
                 f"{group_size} rows sharing a prompt."
             )
-        if batch.old_logp is None and updates_per_step > 1:
+        if batch.old_logp is None and updates_per_step > 1 and not online_dpo:
             raise ValueError(
                 f"{where}: `old_logp` may be None only with one optimizer update per step "
                 f"(epochs × minibatches = 1), got {updates_per_step}; compute it with "
@@ -155,7 +180,13 @@ def rl_objective(config: AlgorithmConfig, graphs: ModelGraphs, *, group_size: in
             raise ValueError(f"{where}: `rollout_correction` needs `rollout_logp` in the batch.")
 
     normalizers = online_dpo_normalizers if online_dpo else _normalizers
-    return Objective(loss=loss, normalizers=normalizers, check=check, group_size=group_size)
+    return Objective(
+        loss=loss,
+        normalizers=normalizers,
+        check=check,
+        group_size=group_size,
+        row_unit=2 if online_dpo else 1,  # each pair in one micro-batch
+    )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

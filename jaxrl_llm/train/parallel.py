@@ -45,18 +45,22 @@ def check_data_parallel(
     *,
     minibatches: int = 1,
     accumulation_steps: int = 1,
+    unit: int = 1,
 ) -> int:
     """Check that `mesh` (and a batch of `rows` rows) suit the data-parallel step.
 
     The mesh must be pure data parallelism (`fsdp = tensor = 1`), and each of its `D` devices
     must get `rows / D` rows that split into `minibatches × accumulation_steps` equal
-    micro-batches (so that every device's micro-batches are the single-device ones).
+    micro-batches of whole units (so that every device's micro-batches are the single-device
+    ones).
 
     Args:
       mesh: the device mesh (axes `data`, `fsdp`, `tensor`).
       rows: `N`, rows of an update batch (None: only the mesh is checked).
       minibatches: optimizer updates per epoch.
       accumulation_steps: micro-batches per optimizer update.
+      unit: consecutive rows a micro-batch keeps whole (`Objective.unit`: an online DPO
+        pair, a shared prompt's group).
 
     Returns:
       `D`, the number of devices the rows are split over.
@@ -98,16 +102,17 @@ def check_data_parallel(
     if rows is None:
         return devices
     parts = minibatches * accumulation_steps
-    if rows % devices or (rows // devices) % parts:
+    if rows % devices or (rows // devices) % (parts * unit):
         per_device = (
             f"gives {rows // devices} rows to each of the {devices} devices"
             if rows % devices == 0
             else f"does not split over the {devices} devices"
         )
+        units = "" if unit == 1 else f" of whole units of {unit} rows"
         raise ValueError(
             f"{where}: `rows` = {rows} {per_device}, not divisible into minibatches × "
             f"accumulation_steps = {minibatches} × {accumulation_steps} = {parts} "
-            f"micro-batches; use a multiple of {devices * parts} rows."
+            f"micro-batches{units}; use a multiple of {devices * parts * unit} rows."
         )
     return devices
 

@@ -233,10 +233,10 @@ def make_row_group_update_step(
                 "groups."
             )
         rows = N // groups
-        if rows % objective.group_size:
+        if rows % objective.unit:
             raise ValueError(
-                f"{where}: each of the {groups} row groups has {rows} rows, not whole groups "
-                f"of the objective's group_size = {objective.group_size} rows sharing a prompt."
+                f"{where}: each of the {groups} row groups has {rows} rows, not whole "
+                f"{objective.describe_unit()}."
             )
 
         def group(j: int) -> tuple[Any, MicroStats]:

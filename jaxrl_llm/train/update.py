@@ -51,6 +51,12 @@ splits into the same classes, so the local strided split selects exactly the jit
 micro-batches. A shuffled epoch (`shuffle` and `minibatches > 1`) permutes the *global* rows
 with the replicated key: each device all-gathers the batch (`N` rows per device for the
 step's duration) and takes its block of the permuted order.
+
+Units: an objective whose loss reads rows together (an online DPO pair, `Objective.row_unit`;
+a prompt's group of `G` rows, `Objective.group_size`) has the batch split in units of
+`u = lcm(row_unit, group_size)` consecutive rows. Everything above then holds with "unit" in
+place of "row": minibatch `m` holds the units `≡ m (mod M)`, a shuffle permutes units, and
+`N` (per device, `n`) must be a multiple of `u·M·k`. With `u = 1` nothing changes.
 """
 
 from __future__ import annotations
@@ -119,22 +125,37 @@ def loss_and_grads(
     return grads, loss, metrics
 
 
-def _micro_batches(batch: Any, minibatches: int, k: int) -> Any:
+def _micro_batches(batch: Any, minibatches: int, k: int, unit: int = 1) -> Any:
     """`[N, ...]` leaves → `[M·k, N/(M·k), ...]`, ordered minibatch-major.
 
-    Minibatch `m` holds rows `m, m + M, m + 2M, …` whatever `k` is (so accumulation never
+    The rows go in units of `unit` consecutive rows (module docstring), numbered `j`.
+    Minibatch `m` holds units `m, m + M, m + 2M, …` whatever `k` is (so accumulation never
     changes which rows share an update); its micro-batch `i` holds every `k`-th of those,
-    starting at the `i`-th: rows `m + M·(i + k·r)`.
+    starting at the `i`-th: units `m + M·(i + k·r)`, each unit's rows consecutive and in order.
     """
 
     def split(x: jax.Array) -> jax.Array:
-        n = x.shape[0] // (minibatches * k)
-        x = x.reshape(n, k, minibatches, *x.shape[1:])  # [r, i, m] = row m + M·(i + k·r)
-        x = jnp.moveaxis(x, 0, 2)  # [k, M, n, ...]
-        x = jnp.swapaxes(x, 0, 1)  # [M, k, n, ...]
-        return x.reshape(minibatches * k, n, *x.shape[3:])
+        n = x.shape[0] // (minibatches * k * unit)  # units per micro-batch
+        rest = x.shape[1:]
+        if unit == 1:
+            x = x.reshape(n, k, minibatches, *rest)  # [r, i, m] = row m + M·(i + k·r)
+            x = jnp.moveaxis(x, 0, 2)  # [k, M, n, ...]
+            x = jnp.swapaxes(x, 0, 1)  # [M, k, n, ...]
+            return x.reshape(minibatches * k, n, *rest)
+        x = x.reshape(n, k, minibatches, unit, *rest)  # [r, i, m] = unit m + M·(i + k·r)
+        x = jnp.swapaxes(jnp.moveaxis(x, 0, 2), 0, 1)  # [M, k, n, unit, ...]
+        shape = (minibatches * k, n * unit, *rest)
+        names = (None, "batch") + (None,) * len(rest)  # Explicit axes: rows stay split
+        return jnp.reshape(x, shape, out_sharding=out_sharding(names, shape=shape))
 
     return jax.tree.map(split, batch)
+
+
+def _unit_permutation(key: jax.Array, rows: int, unit: int) -> jax.Array:
+    """A random order of `rows` rows that moves whole units of `unit` consecutive rows (the
+    rows of a unit stay together and in order); with `unit = 1`, `permutation(key, rows)`."""
+    units = jax.random.permutation(key, rows // unit)
+    return (units[:, None] * unit + jnp.arange(unit)).reshape(-1)
 
 
 def _update_norms(counts: Normalizers, minibatches: int, k: int, devices: int = 1) -> Normalizers:
@@ -237,7 +258,8 @@ def update_step(
     Args:
       state: the `TrainState`.
       batch: a batch of the objective's type with `N` rows, `N` divisible by
-        `minibatches × accumulation_steps`.
+        `minibatches × accumulation_steps` units of `lcm(objective.row_unit,
+        objective.group_size)` rows (module docstring).
       objective: `rl_objective(...)` or `sft_objective(...)`.
       optimizer: from `make_optimizer` (a `MultiSteps` when `accumulation_steps > 1`).
       epochs: passes over the batch.
@@ -254,7 +276,8 @@ def update_step(
         docstring); adds `optim/skipped` and the `nonfinite/…` flags to the metrics.
       axis_name: run as one replica of a data-parallel step over this named axis (inside
         `jax.shard_map` / `jax.pmap`; module docstring): `batch` holds this device's `n` rows,
-        `n` divisible by `minibatches × accumulation_steps`. None: the whole batch is here.
+        `n` divisible by `minibatches × accumulation_steps` units. None: the whole batch is
+        here.
 
     Returns:
       `(new_state, metrics)`: metrics are float32 scalars reduced over all micro-batches as
@@ -294,17 +317,13 @@ def update_step(
     parts = minibatches * k
     N = jax.tree.leaves(batch)[0].shape[0]
     devices = 1 if axis_name is None else jax.lax.axis_size(axis_name)
-    if N % parts:
+    unit = objective.unit
+    if N % (parts * unit):
         held = "rows" if axis_name is None else f"rows on each of the {devices} devices"
+        units = "" if unit == 1 else f", each of whole {objective.describe_unit()}"
         raise ValueError(
             f"{where}: the batch has N = {N} {held}, not divisible into minibatches × "
-            f"accumulation_steps = {minibatches} × {k} = {parts} equal micro-batches."
-        )
-    if parts > 1 and objective.group_size > 1:
-        raise ValueError(
-            f"{where}: the objective shares each prompt over group_size = "
-            f"{objective.group_size} consecutive rows, but minibatches × accumulation_steps = "
-            f"{parts} micro-batches take strided rows; build it with group_size=1."
+            f"accumulation_steps = {minibatches} × {k} = {parts} equal micro-batches{units}."
         )
     if (k > 1) != isinstance(state.opt_state, optax.MultiStepsState):
         raise ValueError(
@@ -345,8 +364,9 @@ def update_step(
         # with one minibatch the update does not depend on the row order: no permutation
         rows = batch
         if shuffle and minibatches > 1:
-            rows = _global_rows(batch, jax.random.permutation(epoch_key, N * devices), axis_name)
-        micro = _micro_batches(rows, minibatches, k)
+            order = _unit_permutation(epoch_key, N * devices, unit)
+            rows = _global_rows(batch, order, axis_name)
+        micro = _micro_batches(rows, minibatches, k, unit)
         local = jax.vmap(objective.normalizers)(micro)
         counts = local if axis_name is None else jax.lax.psum(local, axis_name)
         norms = _update_norms(counts, minibatches, k, devices)

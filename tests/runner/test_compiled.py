@@ -134,10 +134,17 @@ def test_reference_sync_inside_the_compiled_iteration_matches_the_loop(tmp_path)
 
 def test_online_dpo_with_groups_of_four_matches_the_loop(tmp_path):
     """Online DPO with G = 4 keeps each prompt's best and worst sample (`online_dpo_select`) in
-    the loop and inside the compiled iteration alike: the same metrics and parameters."""
-    path, groups = str(CONFIGS / "online_dpo.yaml"), "sampling.num_samples=4"
-    state, _, history = _loop_steps(_prepared(tmp_path / "loop", groups, config=path))
-    _, _, compiled_state, _, compiled = _compiled_run(tmp_path / "c", 1, groups, config=path)
+    the loop and inside the compiled iteration alike, and splits the 4 pairs into 2 minibatches
+    × 2 micro-batches of whole pairs: the same metrics and parameters."""
+    path = str(CONFIGS / "online_dpo.yaml")
+    groups = (
+        "sampling.num_samples=4",
+        "train.prompts_per_step=4",
+        "algorithm.minibatches=2",
+        "optim.accumulation_steps=2",
+    )
+    state, _, history = _loop_steps(_prepared(tmp_path / "loop", *groups, config=path))
+    _, _, compiled_state, _, compiled = _compiled_run(tmp_path / "c", 1, *groups, config=path)
     assert all("online_dpo/valid_pairs" in m for m in history)
     for ours, theirs in zip(compiled, history, strict=True):
         assert ours.keys() == theirs.keys()

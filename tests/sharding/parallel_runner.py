@@ -6,7 +6,10 @@ One tiny GRPO problem (`tests/sharding/parallel_problem.py`) trained for 3 updat
 - with the jit update over the meshes (data, fsdp, tensor) = (8,1,1), (1,8,1), (2,2,2),
   (1,4,2) (automatic axes, as `jaxrl-llm train` builds them), the state placed by
   `train_state_shardings`;
-- with the data-parallel update (`parallel: pmap`) on (8,1,1) under Explicit axes.
+- with the data-parallel update (`parallel: pmap`) on (8,1,1) under Explicit axes;
+- with an objective that reads units of 2 rows (`Objective.row_unit`), against its own
+  one-device run: the data-parallel update on (4,1,1) and the jit update on (2,2,2) under
+  Explicit axes.
 
 Each run's parameters, optimizer state, KL coefficient and metrics must match the reference
 within `TOLERANCE` (float32). On every mesh each large matrix (and its Adam moments) must hold
@@ -65,7 +68,7 @@ def check_large_matrices_are_split(state, sizes) -> None:
     assert checked >= 2 * problem.LARGE_MATRICES, checked
 
 
-def run_jit(sizes, batch, reference, axis_types="auto"):
+def run_jit(sizes, batch, reference, axis_types="auto", objective=None):
     mesh = make_mesh(
         MeshConfig(data=sizes[0], fsdp=sizes[1], tensor=sizes[2], axis_types=axis_types)
     )
@@ -73,7 +76,7 @@ def run_jit(sizes, batch, reference, axis_types="auto"):
     shardings = train_state_shardings(state, mesh, problem.OPTIMIZER)
     state = jax.device_put(state, shardings)
     step = make_update_step(
-        problem.objective(),
+        objective or problem.objective(),
         problem.OPTIMIZER,
         **problem.SCHEDULE,
         mesh=mesh,
@@ -93,6 +96,25 @@ def run_pmap(batch, reference):
     state, metrics = problem.train(step, state, jax.device_put(batch, problem.rows_on(mesh)))
     for leaf in jax.tree.leaves(state.params):  # a full replica on every device
         assert {s.data.nbytes for s in leaf.addressable_shards} == {leaf.nbytes}
+    return problem.differences(state, metrics, reference)
+
+
+def units_reference(batch):
+    """An objective that reads units of 2 rows (`Objective.row_unit`, online DPO's pairs) and
+    its one-device run: minibatches, micro-batches and the shuffled epochs move whole units."""
+    paired = problem.objective()._replace(row_unit=2)
+    single = make_update_step(paired, problem.OPTIMIZER, **problem.SCHEDULE)
+    host = jax.tree.map(np.asarray, batch)
+    return paired, problem.summary(*problem.train(single, problem.initial_state(), host))
+
+
+def run_pmap_units(batch, paired, reference):
+    """The units in the data-parallel step on (4,1,1): 8 rows per device = 2 minibatches × 2
+    micro-batches of whole units; the shuffles permute the units of the global batch."""
+    mesh = make_mesh(MeshConfig(data=4), devices=jax.devices()[:4])
+    step = make_data_parallel_update_step(paired, problem.OPTIMIZER, **problem.SCHEDULE, mesh=mesh)
+    state = jax.device_put(problem.initial_state(), problem.replicated(mesh))
+    state, metrics = problem.train(step, state, jax.device_put(batch, problem.rows_on(mesh)))
     return problem.differences(state, metrics, reference)
 
 
@@ -198,6 +220,12 @@ def main() -> None:
     _log(f"jit explicit {EXPLICIT_MESH}")
     results["pmap" + str(PMAP_MESH)] = run_pmap(batch, reference)
     _log("pmap")
+    paired, paired_reference = units_reference(batch)
+    results["pmap_units(4, 1, 1)"] = run_pmap_units(batch, paired, paired_reference)
+    results["jit_explicit_units(2, 2, 2)"] = run_jit(
+        EXPLICIT_MESH, batch, paired_reference, axis_types="explicit", objective=paired
+    )
+    _log("pmap and jit explicit, units of 2 rows")
     check_pmap_refusals(batch)
     _log("refusals")
     results["sampler_tokens"] = check_sampler()

@@ -4,8 +4,8 @@ Both tests run JAX in subprocesses (the rest of the suite keeps its one device):
 
 - 8 simulated devices (`parallel_runner.py`): the GRPO update step after 3 steps on the jit
   meshes (8,1,1), (1,8,1), (2,2,2), (1,4,2) (Auto axes) and (2,2,2) (Explicit axes) and on
-  the data-parallel (`parallel: pmap`) path
-  equals one device, large matrices are split over fsdp · tensor, the sampler draws the same
+  the data-parallel (`parallel: pmap`) path (and, with units of 2 rows, on (4,1,1) and the
+  Explicit (2,2,2)) equals one device, large matrices are split over fsdp · tensor, the sampler draws the same
   tokens on every mesh, and the data-parallel step refuses what it cannot run;
 - two processes with 4 simulated devices each (`parallel_two_process_runner.py`,
   `jax.distributed` with CPU collectives), each loading half of the batch: 2 steps of the jit
@@ -35,7 +35,7 @@ def test_update_step_and_sampler_on_8_simulated_devices():
 
     results = parse_result(run_on_devices("tests.sharding.parallel_runner"))
     runs = ["jit(8, 1, 1)", "jit(1, 8, 1)", "jit(2, 2, 2)", "jit(1, 4, 2)", "jit_explicit(2, 2, 2)"]
-    runs += ["pmap(8, 1, 1)"]
+    runs += ["pmap(8, 1, 1)", "pmap_units(4, 1, 1)", "jit_explicit_units(2, 2, 2)"]
     for run in runs:
         diffs = results[run]
         for key in ("params", "mu", "beta", "metrics"):

@@ -84,8 +84,25 @@ def test_unknown_parallel_value_is_rejected():
         update_program(None, None, None, None, None, "dp")
 
 
+def test_online_dpo_splits_its_pairs_into_micro_batches():
+    dpo = CONFIGS / "online_dpo.yaml"
+    base = [*TINY, "sampling.num_samples=4", "train.prompts_per_step=6"]
+    cfg = load_run_config(dpo, [*base, "optim.accumulation_steps=2"], run_dir="unused")
+    assert (cfg.rows_per_step, cfg.update_rows, cfg.update_unit) == (24, 12, 2)
+    with pytest.raises(ConfigError, match=r"update has 6 pairs of rows .* = 4 × 1 equal micro"):
+        load_run_config(dpo, [*base, "algorithm.minibatches=4"], run_dir="unused")  # 24 rows
+    pmap = [*TINY, "sampling.num_samples=4", "parallel=pmap", "optim.accumulation_steps=2"]
+    cfg = load_run_config(dpo, [*pmap, "train.prompts_per_step=4"], run_dir="unused")
+    assert check_devices(cfg, 2) == (2, 1, 1)  # 2 pairs per device, one per micro-batch
+    with pytest.raises(ConfigError, match=r"gets 2 of the step's 8 rows \(online DPO's pairs\)"):
+        check_devices(cfg, 4)
+
+
 def test_check_data_parallel():
     assert check_data_parallel(_mesh(8), 32, minibatches=2, accumulation_steps=2) == 8
+    assert check_data_parallel(_mesh(2), 16, minibatches=2, accumulation_steps=2, unit=2) == 2
+    with pytest.raises(ValueError, match="micro-batches of whole units of 2 rows; use a multiple"):
+        check_data_parallel(_mesh(2), 8, minibatches=2, accumulation_steps=2, unit=2)
     assert check_data_parallel(_mesh(1)) == 1
     with pytest.raises(ValueError, match="fsdp=1, tensor=4"):
         check_data_parallel(_mesh(2, 1, 4))

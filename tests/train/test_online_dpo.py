@@ -4,6 +4,9 @@ reference (value and gradient), with ties left out of the mean, and its configur
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,16 +16,26 @@ from jaxrl_llm.train import (
     AdvantageConfig,
     AlgorithmConfig,
     KLConfig,
+    OptimConfig,
     PolicyLossConfig,
     RLBatch,
+    loss_and_grads,
+    make_logprob_fn,
+    make_optimizer,
+    make_update_step,
     preset,
+    reference_params,
     rl_loss,
+    rl_objective,
 )
 from jaxrl_llm.train.algorithms import (
     online_dpo_normalizers,
     online_dpo_pairs,
     online_dpo_select,
 )
+from jaxrl_llm.train.update import _unit_permutation
+from tests.train.helpers import sequences, tree_max_abs_diff
+from tests.train.test_update import P, fresh_state, prepare
 
 B, T = 5, 4  # prompts, completion tokens
 
@@ -129,10 +142,6 @@ def test_online_dpo_pairs_rank_by_the_mean_advantage():
             ),
             "kl.mode 'none'",
         ),
-        (
-            lambda: AlgorithmConfig(policy_loss=PolicyLossConfig(name="online_dpo"), minibatches=2),
-            "minibatches 1",
-        ),
         (lambda: PolicyLossConfig(name="online_dpo", beta=0.0), "`beta` must be > 0"),
         (
             lambda: PolicyLossConfig(name="online_dpo", loss_type="dpo"),
@@ -229,3 +238,53 @@ def test_a_g4_batch_trains_on_best_against_worst_by_reward():
     lp = jnp.asarray(logp[rows], jnp.float32)
     value, _ = rl_loss(config, batch, online_dpo_normalizers(batch), logp=lp, entropy=0 * lp)
     np.testing.assert_allclose(value, expected, rtol=1e-5)
+
+
+def test_minibatches_and_accumulation_keep_each_pair_in_one_micro_batch():
+    """2 minibatches × 2 micro-batches, no shuffle, SGD, 4 pairs (G = 4, best against worst):
+    two sequential updates, on pairs 0, 2 and then 1, 3 (units of a pair's 2 rows; a strided
+    split of rows would take 2 rows of different pairs), each the gradient of the DPO mean over
+    its minibatch's pairs, accumulated from one pair per micro-batch. Online DPO has no ratio:
+    the batch needs no old log-probs however often it is reused."""
+    alg = dataclasses.replace(preset("online_dpo"), minibatches=2, shuffle=False)
+    assert not alg.needs_old_logprobs and alg.needs_reference
+    graphs, state = fresh_state(alg, make_optimizer(OptimConfig(name="sgd", learning_rate=0.5)))
+    ref = jax.tree.map(lambda x: x * 1.05, reference_params(state.params))  # Δ ≠ 0 at start
+    rewards = jnp.array([0.0, 1.0, 0.5, 0.2] * 4) * jnp.repeat(jnp.arange(1.0, 5.0), 4)
+    seqs = sequences(jax.random.key(5), 16, P, T)
+    batch = prepare(alg, state, seqs, ref, make_logprob_fn(graphs.policy), rewards=rewards)
+    batch = batch._replace(old_logp=None)
+    assert batch.tokens.shape[0] == 8  # 4 prompts' pairs, every pair valid
+    objective = rl_objective(alg, graphs)
+    assert objective.row_unit == objective.unit == 2
+    grads_of = jax.jit(functools.partial(loss_and_grads, objective))
+    params = jax.tree.map(jnp.copy, state.params)
+    for rows in ([0, 1, 4, 5], [2, 3, 6, 7]):  # pairs 0, 2 then 1, 3
+        minibatch = jax.tree.map(lambda x, rows=rows: x[jnp.array(rows)], batch)
+        norms = online_dpo_normalizers(minibatch)
+        assert float(norms.num_seqs) == 2.0
+        grads, _, _ = grads_of(params, state.frozen, minibatch, norms, 0.0)
+        params = jax.tree.map(lambda p, g: p - 0.5 * g, params, grads)
+    optim = OptimConfig(name="sgd", learning_rate=0.5, max_grad_norm=None, accumulation_steps=2)
+    tx = make_optimizer(optim)
+    state = fresh_state(alg, tx)[1]
+    initial = jax.tree.map(np.asarray, state.params)  # the step donates the state
+    step = make_update_step(objective, tx, minibatches=2, accumulation_steps=2, shuffle=False)
+    new_state, metrics = step(state, batch)
+    assert tree_max_abs_diff(new_state.params, params) < 1e-5
+    assert tree_max_abs_diff(new_state.params, initial) > 1e-3
+    assert float(metrics["pref/accuracy"]) >= 0.0
+    with pytest.raises(ValueError, match="each of whole units of the objective's 2 rows"):
+        make_update_step(objective, tx, minibatches=4, accumulation_steps=2)(new_state, batch)
+
+
+def test_a_shuffled_epoch_moves_whole_pairs():
+    key = jax.random.key(3)
+    order = np.asarray(_unit_permutation(key, 12, 2))
+    assert sorted(order.tolist()) == list(range(12))
+    pairs = order.reshape(6, 2)
+    np.testing.assert_array_equal(pairs[:, 1], pairs[:, 0] + 1)
+    assert (pairs[:, 0] % 2 == 0).all() and pairs[:, 0].tolist() != list(range(0, 12, 2))
+    np.testing.assert_array_equal(  # units of one row: the plain permutation of the rows
+        np.asarray(_unit_permutation(key, 12, 1)), np.asarray(jax.random.permutation(key, 12))
+    )

@@ -106,8 +106,10 @@ def test_updates_with_shared_prompts_equal_the_plain_updates(name, alg, groups):
             )
 
 
-def test_strided_micro_batches_and_partial_groups_are_refused():
-    alg = preset("grpo")
+def test_minibatches_keep_whole_groups_and_partial_groups_are_refused():
+    # 2 minibatches of the 2 groups (the update splits the batch in units of G rows): the
+    # shared-prompt objective equals the plain one split in the same units
+    alg = dataclasses.replace(preset("grpo"), minibatches=2)
     tx = make_optimizer(OptimConfig(name="sgd", learning_rate=0.1))
     graphs, state = fresh_state(alg, tx)
     objective = rl_objective(alg, graphs, group_size=G)
@@ -118,9 +120,16 @@ def test_strided_micro_batches_and_partial_groups_are_refused():
         reference_params(state.params),
         make_logprob_fn(graphs.policy),
     )
-    step = make_update_step(objective, tx, minibatches=2, kl_controller=kl_controller(alg.kl))
-    with pytest.raises(ValueError, match="2 micro-batches take strided rows"):
-        step(state, batch)
+    plain = rl_objective(alg, graphs)._replace(row_unit=G)
+    assert objective.unit == plain.unit == G
+    results = []
+    for obj in (objective, plain):
+        step = make_update_step(obj, tx, minibatches=2, kl_controller=kl_controller(alg.kl))
+        results.append(step(fresh_state(alg, tx)[1], batch)[0].params)
+    assert tree_max_abs_diff(*results) < 1e-6
+    assert tree_max_abs_diff(results[0], state.params) > 1e-4
+    with pytest.raises(ValueError, match="each of whole groups of the objective's group_size = 4"):
+        make_update_step(objective, tx, minibatches=4)(state, batch)
     split = make_row_group_update_step(objective, tx, groups=4)
     with pytest.raises(
         ValueError, match="has 2 rows, not whole groups of the objective's group_size = 4"

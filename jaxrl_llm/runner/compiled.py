@@ -71,6 +71,7 @@ from jaxrl_llm.train import (
     ModelGraphs,
     OptimConfig,
     SequenceBatch,
+    keeps_row_subset,
     kl_controller,
     make_optimizer,
     make_update_step,
@@ -221,6 +222,10 @@ def _update_batch(spec: _Spec) -> Callable[..., Any]:
             alg, advantage=dataclasses.replace(alg.advantage, scale="none")
         )
     advantages = advantage_program(batch_alg, spec.sampling.num_samples)
+    ref_after = keeps_row_subset(alg, spec.sampling.num_samples)
+    pairs = logprob_program(
+        spec.graphs.policy, alg.temperature, alg.chunk_size, min(spec.forward_group, 2)
+    )
     values_of = value_program(spec.graphs, spec.forward_group) if alg.critic is not None else None
 
     def build(state: Any, reference: Any, out: Any, signal: jax.Array) -> Any:
@@ -231,9 +236,9 @@ def _update_batch(spec: _Spec) -> Callable[..., Any]:
             completion_mask=out.completion_mask.astype(jnp.float32),
         )
         old = logprob(policy, frozen, seqs) if alg.needs_old_logprobs else None
-        ref = logprob(reference, frozen, seqs) if alg.needs_reference else None
+        ref = logprob(reference, frozen, seqs) if alg.needs_reference and not ref_after else None
         values = values_of(state.params, state.frozen, seqs) if values_of is not None else None
-        return advantages(
+        batch, metrics = advantages(
             tokens=seqs.tokens,
             attention_mask=seqs.attention_mask,
             completion_mask=seqs.completion_mask,
@@ -244,6 +249,10 @@ def _update_batch(spec: _Spec) -> Callable[..., Any]:
             rollout_logp=out.sampling_logprobs if alg.rollout_correction else None,
             kl_coef=state.kl.beta,
         )
+        if ref_after:  # online DPO's reference forward on the kept pairs (as in the loop)
+            kept = SequenceBatch(batch.tokens, batch.attention_mask, batch.completion_mask)
+            batch = batch._replace(ref_logp=pairs(reference, frozen, kept))
+        return batch, metrics
 
     return build
 

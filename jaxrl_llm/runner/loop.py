@@ -77,7 +77,7 @@ from jaxrl_llm.runner.rollout import collect, forward_in_row_groups
 from jaxrl_llm.runner.setup import PreparedRun, prepare_run
 from jaxrl_llm.runner.signals import GracefulStop
 from jaxrl_llm.runner.task import packed_sft_batch, packing_row_unit, sft_batch
-from jaxrl_llm.train import TrainState
+from jaxrl_llm.train import SequenceBatch, TrainState, keeps_row_subset
 from jaxrl_llm.train.shardings import batch_devices, batch_sharding
 from sharding import any_process, fetch_global, is_main_process
 
@@ -119,9 +119,11 @@ def _rl_step(
             if alg.needs_old_logprobs
             else None
         )
+        G = ctx.sampling.num_samples
+        ref_after = keeps_row_subset(alg, G)  # online DPO's reference: the kept rows only
         ref = (
             forward_in_row_groups(ctx, logprob, reference_policy(ctx, state), policy_frozen, seqs)
-            if alg.needs_reference
+            if alg.needs_reference and not ref_after
             else None
         )
         values = (
@@ -129,7 +131,7 @@ def _rl_step(
             if alg.critic
             else None
         )
-        batch, adv_metrics = advantage_program(batch_alg, ctx.sampling.num_samples)(
+        batch, adv_metrics = advantage_program(batch_alg, G)(
             tokens=seqs.tokens,
             attention_mask=seqs.attention_mask,
             completion_mask=seqs.completion_mask,
@@ -140,6 +142,15 @@ def _rl_step(
             rollout_logp=collected.sampling_logprobs if alg.rollout_correction else None,
             kl_coef=state.kl.beta,
         )
+        if ref_after:
+            pairs = logprob_program(
+                ctx.graphs.policy, alg.temperature, alg.chunk_size, min(forward_group, 2)
+            )
+            kept = SequenceBatch(batch.tokens, batch.attention_mask, batch.completion_mask)
+            ref = forward_in_row_groups(
+                ctx, pairs, reference_policy(ctx, state), policy_frozen, kept
+            )
+            batch = batch._replace(ref_logp=ref)
         adv_metrics = _host(adv_metrics)
         update_start = time.perf_counter()
         state, metrics = ctx.update(state, batch)

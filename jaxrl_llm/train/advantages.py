@@ -29,6 +29,7 @@ import losses
 from jaxrl_llm.train.algorithms import (
     GROUPED_ESTIMATORS,
     AlgorithmConfig,
+    keeps_row_subset,
     online_dpo_pairs,
     online_dpo_select,
 )
@@ -230,6 +231,9 @@ def build_rl_batch(
     Returns:
       `(batch, metrics)` with the metrics of `compute_advantages`. Online DPO with `G > 2`
       keeps each group's best and worst rows (`online_dpo_select`): the batch has `2N/G` rows.
+      Its `ref_logp` may then be None here (`keeps_row_subset`): the ranking does not read
+      it, so the caller runs the reference forward on the kept rows only and sets
+      `batch.ref_logp` (the update refuses the batch without it).
 
     Examples:
       >>> import jax.numpy as jnp
@@ -247,7 +251,7 @@ def build_rl_batch(
         raise ValueError(f"{where}: a critic algorithm needs `old_values`.")
     if config.rollout_correction is not None and rollout_logp is None:
         raise ValueError(f"{where}: `rollout_correction` needs `rollout_logp`.")
-    if config.needs_reference and ref_logp is None:
+    if config.needs_reference and ref_logp is None and not keeps_row_subset(config, group_size):
         raise ValueError(
             f"{where}: kl.mode={config.kl.mode!r} / policy_loss {config.policy_loss.name!r} "
             "needs `ref_logp`."

@@ -562,6 +562,21 @@ def online_dpo_select(batch: RLBatch, group_size: int) -> RLBatch:
     return jax.tree.map(lambda x: jnp.take(x, rows, axis=0), batch)
 
 
+def keeps_row_subset(config: AlgorithmConfig, group_size: int) -> bool:
+    """Whether `build_rl_batch` keeps only some of a rollout's rows: online DPO with more than
+    two samples per prompt keeps each prompt's best and worst (`online_dpo_select`). The
+    reference forward then runs on the kept `2N/G` rows only, after `build_rl_batch` (called
+    without `ref_logp`): the caller sets `batch.ref_logp` on the returned batch.
+
+    Examples:
+      >>> keeps_row_subset(preset("online_dpo"), 4), keeps_row_subset(preset("online_dpo"), 2)
+      (True, False)
+      >>> keeps_row_subset(preset("grpo"), 8)
+      False
+    """
+    return config.policy_loss.name == "online_dpo" and group_size > 2
+
+
 def online_dpo_normalizers(batch: RLBatch) -> Normalizers:
     """`count_normalizers` with `num_seqs` = the valid pairs of `online_dpo_pairs` (the DPO
     mean's denominator, global over the update like every count).

@@ -19,6 +19,9 @@ from jaxrl_llm.train import (
     OptimConfig,
     PolicyLossConfig,
     RLBatch,
+    SequenceBatch,
+    build_rl_batch,
+    keeps_row_subset,
     loss_and_grads,
     make_logprob_fn,
     make_optimizer,
@@ -157,7 +160,6 @@ def test_online_dpo_config_errors_name_the_problem(make, message):
 
 
 def test_the_batch_reports_the_share_of_pairs_whose_rewards_differ():
-    from jaxrl_llm.train import build_rl_batch
 
     arrays = {
         "tokens": jnp.ones((8, 5), jnp.int32),
@@ -206,7 +208,6 @@ def test_larger_groups_pair_each_prompts_best_and_worst_sample():
 
 def test_a_g4_batch_trains_on_best_against_worst_by_reward():
     # build_rl_batch keeps 2 rows per prompt; the loss is DPO of the best against the worst
-    from jaxrl_llm.train import build_rl_batch
 
     rng = np.random.default_rng(3)
     G, N = 4, 4 * B
@@ -288,3 +289,39 @@ def test_a_shuffled_epoch_moves_whole_pairs():
     np.testing.assert_array_equal(  # units of one row: the plain permutation of the rows
         np.asarray(_unit_permutation(key, 12, 1)), np.asarray(jax.random.permutation(key, 12))
     )
+
+
+def test_the_reference_forward_of_the_kept_rows_equals_the_full_forward():
+    # G = 4: build_rl_batch without ref_logp keeps the best and worst rows; the reference
+    # forward on those 2B rows gives the gathered log-probs of the forward on all B·G rows
+    alg = preset("online_dpo")
+    assert keeps_row_subset(alg, 4) and not keeps_row_subset(alg, 2)
+    graphs, state = fresh_state(alg, make_optimizer(OptimConfig(name="sgd", learning_rate=0.1)))
+    ref = jax.tree.map(lambda x: x * 1.05, reference_params(state.params))
+    seqs = sequences(jax.random.key(6), 16, P, T)
+    logprob = make_logprob_fn(graphs.policy)
+    full_ref = logprob(ref, state.frozen["policy"], seqs)
+    arrays = dict(
+        tokens=seqs.tokens,
+        attention_mask=seqs.attention_mask,
+        completion_mask=seqs.completion_mask,
+        rewards=jnp.array([0.0, 1.0, 0.5, 0.2] * 4),
+        group_size=4,
+    )
+    full, full_metrics = build_rl_batch(alg, **arrays, ref_logp=full_ref)
+    kept, metrics = build_rl_batch(alg, **arrays)
+    assert kept.ref_logp is None and kept.tokens.shape[0] == 8
+    for key, value in full_metrics.items():
+        np.testing.assert_array_equal(np.asarray(metrics[key]), np.asarray(value), err_msg=key)
+    pairs = SequenceBatch(kept.tokens, kept.attention_mask, kept.completion_mask)
+    kept_ref = logprob(ref, state.frozen["policy"], pairs)
+    mask = np.asarray(full.completion_mask) > 0
+    assert mask.any(axis=1).all()
+    np.testing.assert_allclose(
+        np.where(mask, np.asarray(kept_ref), 0.0),
+        np.where(mask, np.asarray(full.ref_logp), 0.0),
+        rtol=1e-6,
+        atol=1e-6,
+    )
+    with pytest.raises(ValueError, match="needs `ref_logp`"):  # G = 2: every row is kept
+        build_rl_batch(alg, **{**arrays, "group_size": 2})

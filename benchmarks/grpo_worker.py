@@ -164,7 +164,8 @@ def update_alone(ctx, state, data, step: int, repeat: int, memory: bool) -> tupl
 
     batch = _update_batch(ctx, state, data, step)
     group_size = prompt_group_size(ctx.config, ctx.mesh, update=True)
-    update = _update_step(ctx.config.algorithm, ctx.graphs, ctx.config.optim, group_size)
+    config = ctx.config
+    update = _update_step(config.algorithm, ctx.graphs, config.optim, group_size, config.group_size)
     lowered = update.lower(state, batch)
     cost = lowered.cost_analysis()
     cost = cost[0] if isinstance(cost, list | tuple) else cost

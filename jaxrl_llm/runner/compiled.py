@@ -170,12 +170,16 @@ def _spec(ctx: RunContext) -> _Spec:
 
 
 def _update_step(
-    alg: AlgorithmConfig, graphs: ModelGraphs, optim: OptimConfig, group_size: int
+    alg: AlgorithmConfig,
+    graphs: ModelGraphs,
+    optim: OptimConfig,
+    group_size: int,
+    samples_per_prompt: int,
 ) -> Any:
     """The run's update step (`programs.update_program`) without its mesh wrapper, which
     cannot be entered inside `jit`: the enclosing program runs under the mesh instead."""
     return make_update_step(
-        rl_objective(alg, graphs, group_size=group_size),
+        rl_objective(alg, graphs, group_size=group_size, samples_per_prompt=samples_per_prompt),
         make_optimizer(optim),
         epochs=alg.epochs,
         minibatches=alg.minibatches,
@@ -271,7 +275,9 @@ def _dapo_metrics(signal: jax.Array, group_size: int, B: int) -> dict[str, jax.A
 def _build_iteration(spec: _Spec) -> Callable[..., Any]:
     scored = _scored_rollout(spec)
     build_batch = _update_batch(spec)
-    update = _update_step(spec.algorithm, spec.graphs, spec.optim, spec.update_group)
+    update = _update_step(
+        spec.algorithm, spec.graphs, spec.optim, spec.update_group, spec.sampling.num_samples
+    )
     G = spec.sampling.num_samples
 
     def iteration(

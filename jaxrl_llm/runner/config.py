@@ -11,15 +11,16 @@ model is built or any program compiled:
     grouped estimators / drop_zero_variance / decoupled rewards  need sampling.num_samples >= 2
     algorithm.temperature == sampling.temperature (the log-probs score the sampler's policy)
     N = prompts_per_step · G  divisible by  minibatches · accumulation_steps  and  data · fsdp
-      (online DPO: its B pairs divisible by minibatches · accumulation_steps)
+      (online DPO: its B pairs, minibatch_unit prompt: its B prompts, divisible by
+      minibatches · accumulation_steps)
     sampling.row_groups  divides prompts_per_step
     rewards.jax_native  only on the built-in tasks, and not with sampling.stop_strings
     rewards.combine: decoupled  only with the group estimator and no KL in the reward
     rewards.on_failure: drop_group  not with advantage.scale: batch (filler rewards would enter
                                     the batch std)
     parallel: pmap  mesh fsdp = tensor = 1, not with train.compiled_iterations; each device's
-                    rows (N / data) divisible by minibatches · accumulation_steps (online
-                    DPO: its pairs)
+                    rows (N / data) divisible by minibatches · accumulation_steps (whole
+                    pairs or prompts, as above)
     train.compiled_iterations  RL with in-graph rewards and no DAPO refills; train.eval_every and
                                checkpoint.every multiples of it
 
@@ -485,11 +486,11 @@ class RunConfig:
 
     @property
     def update_unit(self) -> int:
-        """Consecutive update rows that share a micro-batch: 2 for online DPO's pairs, else 1
-        (`train.Objective.row_unit`)."""
-        if self.kind == "rl" and self.algorithm.policy_loss.name == "online_dpo":
-            return 2
-        return 1
+        """Consecutive update rows that share a micro-batch (`train.Objective.row_unit`): 2 for
+        online DPO's pairs, `G` with `algorithm.minibatch_unit: prompt`, else 1."""
+        if self.kind != "rl":
+            return 1
+        return self.algorithm.update_unit(self.group_size)
 
     @property
     def eval_samples(self) -> int:
@@ -599,12 +600,14 @@ def _validate_batch(cfg: RunConfig) -> None:
     name = f"{name}.minibatches"
     parts = updates * cfg.optim.accumulation_steps
     if rows % (parts * cfg.update_unit):
-        what = (
-            f"{rows} rows (prompts_per_step {cfg.train.prompts_per_step} × {cfg.group_size} "
-            "samples)"
-            if cfg.update_unit == 1
-            else f"{rows // 2} pairs of rows (online DPO: one per prompt)"
-        )
+        B = cfg.train.prompts_per_step
+        what = f"{rows} rows (prompts_per_step {B} × {cfg.group_size} samples)"
+        if cfg.update_unit > 1:  # whole pairs or prompts
+            what = (
+                f"{B} pairs of rows (online DPO: one per prompt)"
+                if cfg.algorithm.policy_loss.name == "online_dpo"
+                else f"{B} prompts of {cfg.group_size} rows (algorithm.minibatch_unit: prompt)"
+            )
         raise ConfigError(
             f"train.prompts_per_step: a step's update has {what}, not divisible into "
             f"{name} × optim.accumulation_steps = {updates} × {cfg.optim.accumulation_steps} "
@@ -643,7 +646,7 @@ def _check_rows_per_device(cfg: RunConfig, devices: int) -> None:
         raise ConfigError(
             f"train.prompts_per_step: with parallel: pmap each of the {devices} devices gets "
             f"{per_device} of the step's {cfg.update_rows} rows"
-            + (" (online DPO's pairs)" if cfg.update_unit > 1 else "")
+            + (f" (whole units of {cfg.update_unit} rows)" if cfg.update_unit > 1 else "")
             + ", not divisible into "
             f"{name}.minibatches × optim.accumulation_steps = {section.minibatches} × "
             f"{cfg.optim.accumulation_steps} micro-batches."

@@ -113,16 +113,18 @@ def prompt_group_size(config: Any, mesh: Any, *, update: bool) -> int:
 
     The rollout batch is prompt-major (row `b·G + g`), and the log-prob forwards and row groups
     take contiguous whole prompts, so `G` applies to them on one device. In the update,
-    `parallel: jit` with one minibatch and one micro-batch (minibatches and micro-batches of
-    more take strided rows, which shared groups would change). Online DPO's update sees 2
-    rows per prompt, its pair, which every micro-batch keeps whole (`Objective.row_unit`),
-    so it shares them with any number of micro-batches.
+    `parallel: jit` with one minibatch and one micro-batch, or with
+    `algorithm.minibatch_unit: prompt` (micro-batches of whole prompts) any number of them;
+    minibatches and micro-batches of rows take strided rows, which shared groups would
+    change. Online DPO's update sees 2 rows per prompt, its pair, which every micro-batch
+    keeps whole (`Objective.row_unit`), so it shares them with any number of micro-batches.
 
     Examples:
       >>> from types import SimpleNamespace as NS
       >>> config = NS(kind="rl", parallel="jit", train=NS(shared_prompt_forward=True),
       ...             sampling=NS(num_samples=8), optim=NS(accumulation_steps=1),
-      ...             algorithm=NS(minibatches=2, policy_loss=NS(name="ppo_clip")))
+      ...             algorithm=NS(minibatches=2, minibatch_unit="row",
+      ...                          policy_loss=NS(name="ppo_clip")))
       >>> prompt_group_size(config, NS(size=1), update=False)
       8
       >>> prompt_group_size(config, NS(size=1), update=True)  # strided minibatches
@@ -134,7 +136,8 @@ def prompt_group_size(config: Any, mesh: Any, *, update: bool) -> int:
         return 1
     if update and config.algorithm.policy_loss.name == "online_dpo":
         return 2  # the update sees each prompt's pair (`train.online_dpo_select`)
-    if update and config.algorithm.minibatches * config.optim.accumulation_steps > 1:
+    parts = config.algorithm.minibatches * config.optim.accumulation_steps
+    if update and parts > 1 and config.algorithm.minibatch_unit == "row":
         return 1
     return config.sampling.num_samples
 
@@ -293,6 +296,7 @@ def update_program(
     parallel: str = "jit",
     row_groups: int = 1,
     group_size: int = 1,
+    samples_per_prompt: int = 1,
 ) -> Callable[..., Any]:
     """The compiled, donated update step of an RL algorithm, SFT, a preference loss or a reward
     model, with non-finite skipping.
@@ -301,8 +305,8 @@ def update_program(
     (`train_state_shardings`). `parallel="pmap"`: the data-parallel step
     (`jaxrl_llm.train.parallel.make_data_parallel_update_step`; the mesh must have
     fsdp = tensor = 1), the state replicated. Cached by `(objective_config, graphs, optim,
-    mesh, parallel, row_groups, group_size)` plus the state's structure, which fix the
-    shardings.
+    mesh, parallel, row_groups, group_size, samples_per_prompt)` plus the state's structure,
+    which fix the shardings.
 
     `row_groups > 1` (an RL algorithm with one optimizer update per batch, `parallel="jit"`
     on a mesh of one device): the gradient is computed in that many row groups from host
@@ -318,6 +322,8 @@ def update_program(
       parallel: "jit" or "pmap" (the run's `parallel:`).
       row_groups: row groups of the gradient (1: one program over the whole batch).
       group_size: rows per shared prompt of an RL objective (`prompt_group_size`).
+      samples_per_prompt: `G` of an RL run (`rl_objective`: the unit of `minibatch_unit:
+        prompt`).
 
     Returns:
       `step(state, batch) -> (state, metrics)`; metrics include `optim/skipped` and the
@@ -340,6 +346,7 @@ def update_program(
     if parallel not in ("jit", "pmap"):
         raise ValueError(f"update_program: `parallel` must be 'jit' or 'pmap', got {parallel!r}.")
     key = (objective_config, graphs, optim, mesh, parallel, row_groups, group_size)
+    key += (samples_per_prompt,)
     key += (jax.tree.structure(state),)
     if key in _UPDATE_CACHE:
         return _UPDATE_CACHE[key]
@@ -350,7 +357,9 @@ def update_program(
     elif isinstance(objective_config, PreferenceConfig | RewardModelConfig):
         objective = _pairs_objective(objective_config, graphs)
     else:
-        objective = rl_objective(objective_config, graphs, group_size=group_size)
+        objective = rl_objective(
+            objective_config, graphs, group_size=group_size, samples_per_prompt=samples_per_prompt
+        )
         controller = kl_controller(objective_config.kl)
     schedule = {
         "epochs": objective_config.epochs,

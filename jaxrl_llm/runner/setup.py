@@ -378,6 +378,7 @@ def build_context(
         config.parallel,
         row_groups=groups,
         group_size=prompt_group_size(config, mesh, update=True),
+        samples_per_prompt=config.group_size,
     )
     functions = [] if config.rewards.jax_native else config.rewards.resolve()
     context = RunContext(

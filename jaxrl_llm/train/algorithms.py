@@ -376,6 +376,12 @@ class AlgorithmConfig:
       epochs: passes over one rollout batch (PPO-style reuse).
       minibatches: optimizer updates per epoch (the batch is split into this many parts).
       shuffle: reshuffle the rows every epoch (only matters with `minibatches > 1`).
+      minibatch_unit: what minibatches and micro-batches are made of: "row" (default: rows
+        `m, m + M, …` whatever their prompt) or "prompt" (each prompt's `G` rows together,
+        whole prompts `m, m + M, …`, shuffled as groups; verl's minibatches of whole
+        prompts). With "prompt" the update keeps the shared-prompt forward
+        (`train.shared_prompt_forward`) under any number of minibatches and micro-batches,
+        and the step's prompts must split into them.
       chunk_size: positions per vocabulary chunk of the log-prob forward (None: all at once).
 
     Examples:
@@ -400,10 +406,15 @@ class AlgorithmConfig:
     epochs: int = 1
     minibatches: int = 1
     shuffle: bool = True
+    minibatch_unit: Literal["row", "prompt"] = "row"
     chunk_size: int | None = None
 
     def __post_init__(self) -> None:
         where = "AlgorithmConfig"
+        if self.minibatch_unit not in ("row", "prompt"):
+            raise ValueError(
+                f"{where}: `minibatch_unit` must be 'row' or 'prompt', got {self.minibatch_unit!r}."
+            )
         estimator = self.advantage.estimator
         if (estimator == "gae") != (self.critic is not None):
             raise ValueError(
@@ -449,6 +460,19 @@ class AlgorithmConfig:
             problems.append("no rollout_correction")
         if problems:
             raise ValueError(f"{where}: policy_loss 'online_dpo' needs " + "; ".join(problems))
+
+    def update_unit(self, samples_per_prompt: int) -> int:
+        """Consecutive rows of a prompt-major batch that the update keeps in one micro-batch
+        (`Objective.row_unit`): online DPO's pair (2), a prompt's `G` rows with
+        `minibatch_unit: prompt`, else 1.
+
+        Examples:
+          >>> AlgorithmConfig(minibatch_unit="prompt").update_unit(8), AlgorithmConfig().update_unit(8)
+          (8, 1)
+        """
+        if self.policy_loss.name == "online_dpo":
+            return 2
+        return samples_per_prompt if self.minibatch_unit == "prompt" else 1
 
     @property
     def needs_old_logprobs(self) -> bool:

@@ -88,7 +88,13 @@ def _target_segments(batch: Any) -> jax.Array | None:
     return None if segments is None else segments[:, 1:]
 
 
-def rl_objective(config: AlgorithmConfig, graphs: ModelGraphs, *, group_size: int = 1) -> Objective:
+def rl_objective(
+    config: AlgorithmConfig,
+    graphs: ModelGraphs,
+    *,
+    group_size: int = 1,
+    samples_per_prompt: int = 1,
+) -> Objective:
     """The objective of a policy-gradient algorithm over `RLBatch`es (`algorithms.rl_loss`).
 
     The policy runs one forward pass; log-probs and entropies are computed chunk by chunk from
@@ -102,6 +108,9 @@ def rl_objective(config: AlgorithmConfig, graphs: ModelGraphs, *, group_size: in
         rows with the same prompt: each prompt then runs once per layer in the forward
         passes (`logprobs.completion_hidden`); the same loss up to float rounding. The
         update step keeps each group in one micro-batch (`Objective.unit`).
+      samples_per_prompt: `G`, rows per prompt of the (prompt-major) batches; with
+        `config.minibatch_unit == "prompt"` the update keeps each prompt's rows in one
+        micro-batch (`AlgorithmConfig.update_unit`). Online DPO's unit is its pair.
 
     Returns:
       An `Objective`.
@@ -185,7 +194,7 @@ def rl_objective(config: AlgorithmConfig, graphs: ModelGraphs, *, group_size: in
         normalizers=normalizers,
         check=check,
         group_size=group_size,
-        row_unit=2 if online_dpo else 1,  # each pair in one micro-batch
+        row_unit=config.update_unit(samples_per_prompt),  # a DPO pair, or a prompt's rows
     )
 
 

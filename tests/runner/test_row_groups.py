@@ -97,3 +97,18 @@ def test_the_update_uses_row_groups_only_where_they_apply(tmp_path, overrides, e
     mesh = SimpleNamespace(size=1)
     assert update_row_groups(config, task, {"w": np.ones(10)}, mesh) == expected
     assert update_row_groups(config, task, {"w": np.ones(10)}, SimpleNamespace(size=2)) == 1
+
+
+def test_minibatches_of_whole_prompts_share_the_prompt_in_the_update(tmp_path):
+    # algorithm.minibatch_unit: prompt keeps each prompt's rows in one micro-batch, so the
+    # update keeps the shared-prompt forward under 2 minibatches × 2 micro-batches
+    unit = ["algorithm.minibatch_unit=prompt", "algorithm.minibatches=2"]
+    unit += ["optim.accumulation_steps=2"]
+    one_device = SimpleNamespace(size=1)
+    config = load_run_config(GRPO, [*RUN, *unit], run_dir=tmp_path)
+    assert config.update_unit == prompt_group_size(config, one_device, update=True) == 2
+    rows = load_run_config(GRPO, [*RUN, *unit[1:]], run_dir=tmp_path)
+    assert rows.update_unit == prompt_group_size(rows, one_device, update=True) == 1
+    shared = _steps(tmp_path / "shared", 1, *unit)
+    plain = _steps(tmp_path / "plain", 1, *unit, "train.shared_prompt_forward=false")
+    _assert_same_run(shared, plain)

@@ -94,8 +94,23 @@ def test_online_dpo_splits_its_pairs_into_micro_batches():
     pmap = [*TINY, "sampling.num_samples=4", "parallel=pmap", "optim.accumulation_steps=2"]
     cfg = load_run_config(dpo, [*pmap, "train.prompts_per_step=4"], run_dir="unused")
     assert check_devices(cfg, 2) == (2, 1, 1)  # 2 pairs per device, one per micro-batch
-    with pytest.raises(ConfigError, match=r"gets 2 of the step's 8 rows \(online DPO's pairs\)"):
+    with pytest.raises(ConfigError, match=r"gets 2 of the step's 8 rows \(whole units of 2 rows\)"):
         check_devices(cfg, 4)
+
+
+def test_minibatches_of_whole_prompts_need_the_prompts_to_split():
+    unit = [*TINY, "algorithm.minibatch_unit=prompt", "train.prompts_per_step=2"]
+    cfg = load_run_config(GRPO, [*unit, "algorithm.minibatches=2"], run_dir="unused")
+    assert (cfg.update_rows, cfg.update_unit) == (4, 2)
+    message = r"update has 2 prompts of 2 rows \(algorithm.minibatch_unit: prompt\)"
+    with pytest.raises(ConfigError, match=message):  # 4 rows, but 2 prompts
+        load_run_config(GRPO, [*unit, "algorithm.minibatches=4"], run_dir="unused")
+    rows = [o for o in unit if "minibatch_unit" not in o]
+    assert load_run_config(GRPO, [*rows, "algorithm.minibatches=4"], run_dir="unused")
+    with pytest.raises(
+        ConfigError, match=r"algorithm\.minibatch_unit: must be one of 'row', 'prompt'"
+    ):
+        load_run_config(GRPO, [*TINY, "algorithm.minibatch_unit=group"], run_dir="unused")
 
 
 def test_check_data_parallel():

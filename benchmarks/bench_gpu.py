@@ -243,12 +243,19 @@ def bench_update(
     trace: bool = False,
     remat: str = "dots",
     rows: int | None = None,
+    fused_attention: bool = False,
 ) -> dict[str, Any]:
     """Seconds of one GRPO update step and its bf16 MFU (module docstring); `rows` overrides
-    the sequence count N; `trace` adds a profile of one step."""
+    the sequence count N, `fused_attention` the model's attention (cuDNN's flash attention,
+    `Decoder(fused_attention=True)`); `trace` adds a profile of one step."""
     s = dataclasses.replace(s, rows=rows or s.rows)
     model = Decoder(
-        s.model, dtype=jnp.bfloat16, param_dtype=jnp.float32, remat=remat, rngs=nnx.Rngs(0)
+        s.model,
+        dtype=jnp.bfloat16,
+        param_dtype=jnp.float32,
+        remat=remat,
+        fused_attention=fused_attention,
+        rngs=nnx.Rngs(0),
     )
     graphs, params, frozen = split_models(model)
     algorithm = preset("grpo")
@@ -279,6 +286,7 @@ def bench_update(
     flops = 6 * matmul_params(s.model) * tokens
     return {
         "remat": remat,
+        "fused_attention": fused_attention,
         "rows": s.rows,
         "seq": s.seq,
         "tokens": tokens,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU measurements of one lent-machine session, as one command (≈ 7-9 min on an H100, most
+# The GPU measurements of one lent-machine session, as one command (≈ 8-10 min on an H100, most
 # of it compiling; docs/performance.md, "On a GPU"):
 #
 #   benchmarks/gpu_session.sh OUT_DIR [ARGS...]     ARGS go to every bench_gpu call
@@ -14,9 +14,10 @@
 #   p4  default flags: the layer scan in groups of 4, and the update at 32 sequences;
 #   p5  default flags: 8 decode steps per while-loop iteration as an inner loop of fixed trip
 #       count (unroll_loop_steps false), which XLA runs without reading a condition back to
-#       the host: one round trip per 8 steps without unrolling the step.
+#       the host: one round trip per 8 steps without unrolling the step;
+#   p6  the update step with cuDNN's flash attention (Decoder(fused_attention=True)).
 #
-# Parts p2-p5 each change one lever against p1's default decode. Each part runs in its own
+# Parts p2-p6 each change one lever against p1's defaults. Each part runs in its own
 # process under a time limit and writes OUT_DIR/pN/bench_gpu.json as it goes, so a part that
 # fails or runs out of time keeps what it measured and the next part still runs. The log is
 # OUT_DIR/log.txt.
@@ -42,3 +43,5 @@ part p4 130 "${bench[@]}" --out "$out/p4" --skip ceilings decode update --varian
     --update-variants '[{"rows": 32}]' --decode-variants '[{"layer_unroll": 4}]'
 part p5 90 "${bench[@]}" --out "$out/p5" --skip ceilings decode update --variants \
     --update-variants '[]' --decode-variants '[{"steps_per_loop": 8, "unroll_loop_steps": false}]'
+part p6 60 "${bench[@]}" --out "$out/p6" --skip ceilings decode update --variants \
+    --decode-variants '[]' --update-variants '[{"fused_attention": true}]'

@@ -14,7 +14,7 @@ from jaxrl_llm.models.cache import (
     positions_from_segments,
 )
 from jaxrl_llm.models.config import SUPPORTED_FAMILIES, ModelConfig, RopeConfig
-from jaxrl_llm.models.decoder import Decoder
+from jaxrl_llm.models.decoder import Decoder, check_fused_attention
 from jaxrl_llm.models.hf_io import from_pretrained, save_pretrained
 from jaxrl_llm.models.lora import LORA_PATTERN, LoRAConfig, add_lora, has_lora, merge_lora
 from jaxrl_llm.models.value import ValueHead, ValueModel
@@ -32,6 +32,7 @@ __all__ = [
     "ValueHead",
     "ValueModel",
     "add_lora",
+    "check_fused_attention",
     "from_pretrained",
     "has_lora",
     "merge_lora",

@@ -52,6 +52,7 @@ from jaxrl_llm.models.layers import (
     RMSNorm,
     attend,
     chunked_attend,
+    fused_attend,
     make_param,
     rope_angles,
     rope_inv_freq,
@@ -143,6 +144,32 @@ def _check_attention_chunk(chunk: Any) -> None:
         raise ValueError(f"Decoder: attention_chunk must be None or an int >= 1, got {chunk!r}.")
 
 
+def check_fused_attention(config: ModelConfig) -> None:
+    """Raise `ValueError` unless `config` suits `Decoder(fused_attention=True)`: plain causal
+    attention, no sliding windows and no logit soft-capping.
+
+    Examples:
+      >>> cfg = ModelConfig(family="gemma2", vocab_size=11, hidden_size=8, intermediate_size=16,
+      ...                   num_layers=2, num_heads=2, num_kv_heads=1, head_dim=4,
+      ...                   layer_types=("sliding_attention", "full_attention"), sliding_window=4,
+      ...                   attn_logit_softcap=50.0)
+      >>> check_fused_attention(cfg)
+      Traceback (most recent call last):
+      ...
+      ValueError: Decoder: fused_attention runs plain causal attention; this gemma2 model has sliding-window layers and attention logit soft-capping (use the default attention).
+    """
+    problems = []
+    if any(t == "sliding_attention" for t in config.layer_types):
+        problems.append("sliding-window layers")
+    if config.attn_logit_softcap is not None:
+        problems.append("attention logit soft-capping")
+    if problems:
+        raise ValueError(
+            f"Decoder: fused_attention runs plain causal attention; this {config.family} model "
+            f"has {' and '.join(problems)} (use the default attention)."
+        )
+
+
 def _check_inputs(tokens: Array, positions: Array, mask: Array | None, mask_name: str) -> None:
     if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
         raise ValueError(
@@ -181,6 +208,19 @@ class Decoder(nnx.Module):
         the forward and the backward pass (which recomputes them block by block): memory
         linear in the sequence length instead of quadratic, for ≈ one more attention forward
         in the backward pass (docs/models.md).
+      fused_attention: False (default) computes attention as the einsums of `layers.attend`;
+        True runs the forwards without a cache over padded rows (`hidden_states` with an
+        `attention_mask`) through `jax.nn.dot_product_attention` (`layers.fused_attend`):
+        cuDNN's flash-attention kernel on NVIDIA GPUs for bfloat16 / float16 compute, which
+        keeps the logits on chip (memory linear in the length, no `attention_chunk` needed),
+        XLA's composition of the same math elsewhere. Each row's real tokens are moved to
+        the front (a stable per-row permutation, undone at the end), so the kernel's causal
+        mask with per-row lengths is the model's mask; the real positions' hidden states
+        are the default attention's up to float rounding (tested on the CPU; padding
+        positions differ, and are never read). Packed rows (`segment_ids`), the
+        shared-prompt forward, decoding and forwards under a mesh of more than one device
+        keep the default attention. Models with sliding windows or logit soft-capping
+        (Gemma 2 and 3) refuse it.
       rngs: initialisation keys.
 
     Examples:
@@ -201,11 +241,16 @@ class Decoder(nnx.Module):
         remat: Remat = "dots",
         lm_head: bool = True,
         attention_chunk: int | None = None,
+        fused_attention: bool = False,
         rngs: nnx.Rngs,
     ):
         if remat not in ("none", "full", "dots"):
             raise ValueError(f"Decoder: remat must be 'none', 'full' or 'dots', got {remat!r}.")
         _check_attention_chunk(attention_chunk)
+        if not isinstance(fused_attention, bool):
+            raise ValueError(f"Decoder: fused_attention must be a bool, got {fused_attention!r}.")
+        if fused_attention:
+            check_fused_attention(config)
         V, D = config.vocab_size, config.hidden_size
         self.embed = make_param(rngs.params(), (V, D), ("vocab", "embed"), param_dtype, "normal")
         self.layers = _stacked_blocks(config, dtype, param_dtype, rngs)
@@ -226,6 +271,7 @@ class Decoder(nnx.Module):
         self.param_dtype = param_dtype
         self.remat = remat
         self.attention_chunk = attention_chunk
+        self.fused_attention = fused_attention
 
     def _attention(self) -> Any:
         """The attention of the multi-token forwards: `attend`, or in blocks of queries."""
@@ -264,6 +310,8 @@ class Decoder(nnx.Module):
         _check_inputs(tokens, positions, attention_mask, "attention_mask")
         tokens, positions = _rows(tokens), _rows(positions)
         attention_mask, segment_ids = _rows(attention_mask), _rows(segment_ids)
+        if self.fused_attention and segment_ids is None and plain_layout():
+            return self._fused_hidden_states(tokens, positions, attention_mask)
         if segment_ids is None:
             segment_ids = (
                 jnp.ones(tokens.shape, jnp.int32)
@@ -276,6 +324,24 @@ class Decoder(nnx.Module):
 
         x, _ = self._layers(self._embed(tokens), positions, mask_fn, None)
         return self.final_norm(x)
+
+    def _fused_hidden_states(
+        self, tokens: Array, positions: Array, attention_mask: Array | None
+    ) -> Array:
+        """`hidden_states` with `fused_attend` (`fused_attention`): each row's real tokens
+        first, in order (a stable sort on the padding flag), so that causal attention over the
+        first `lengths[n]` tokens is the model's mask; the permutation is undone at the end."""
+        N, S = tokens.shape
+        real = jnp.ones((N, S), bool) if attention_mask is None else attention_mask > 0
+        order = jnp.argsort(~real, axis=1, stable=True)  # [N, S]: real tokens first
+        lengths = jnp.sum(real, axis=1, dtype=jnp.int32)
+        tokens = jnp.take_along_axis(tokens, order, axis=1)
+        positions = jnp.take_along_axis(positions, order, axis=1)
+        x, _ = self._layers(
+            self._embed(tokens), positions, lambda window: lengths, None, attention=fused_attend
+        )
+        back = jnp.argsort(order, axis=1)  # the inverse permutation
+        return self.final_norm(jnp.take_along_axis(x, back[:, :, None], axis=1))
 
     def shared_prompt_hidden_states(
         self,
@@ -533,14 +599,16 @@ class Decoder(nnx.Module):
         mask_fn: Any,
         kv: tuple[Array, Array, Array] | None,
         unroll: int = 1,
+        attention: Any = None,
     ) -> tuple[Array, Any]:
         """Scan the stacked layers over `x[N, S, D]`; with `kv` also write/read the cache.
 
-        `unroll` layers run per iteration of the scan (`lax.scan(unroll=...)`).
+        `unroll` layers run per iteration of the scan (`lax.scan(unroll=...)`). `attention`
+        replaces the model's (`_attention`); it receives what `mask_fn` returns as its mask.
         """
         angles, masks, sliding = self._per_layer_inputs(positions, mask_fn)
         mixed = isinstance(masks, tuple)
-        attention = self._attention()
+        attention = attention or self._attention()
         graphdef, state = nnx.split(self.layers)
         starts = None if kv is None else kv[2]
 

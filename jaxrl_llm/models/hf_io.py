@@ -147,6 +147,7 @@ def from_pretrained(
     rules: Rules = LOGICAL_AXIS_RULES,
     remat: Remat = "dots",
     attention_chunk: int | None = None,
+    fused_attention: bool = False,
     head: Literal["lm", "value"] = "lm",
     seed: int = 0,
 ) -> Decoder | ValueModel:
@@ -163,6 +164,8 @@ def from_pretrained(
       remat: the model's rematerialisation policy (see `Decoder`).
       attention_chunk: queries per attention block in the forwards without a cache (see
         `Decoder`); None attends all at once.
+      fused_attention: attend through `jax.nn.dot_product_attention` (cuDNN's flash
+        attention on GPUs) in the forwards without a cache (see `Decoder`).
       head: "lm" for a causal LM; "value" for a `ValueModel`, whose head is the checkpoint's
         `score.weight` (a `*ForSequenceClassification` reward model) or, when absent (a critic
         started from a policy checkpoint, whose `lm_head.weight` is then not loaded), a fresh
@@ -203,6 +206,7 @@ def from_pretrained(
             "param_dtype": param_dtype,
             "remat": remat,
             "attention_chunk": attention_chunk,
+            "fused_attention": fused_attention,
         }
         # shapes only: outside any ambient mesh, whose axes are not the logical names in the
         # variables' metadata (`nnx.eval_shape` would read them as mesh axes)

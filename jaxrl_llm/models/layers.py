@@ -217,6 +217,63 @@ def attend(
     return reshape(out, (N, S, H, Hd), ("batch", "length", "heads", "head_dim"))
 
 
+def fused_attention_kernel(dtype: Any) -> str:
+    """The `implementation` of `jax.nn.dot_product_attention` that `fused_attend` asks for:
+    cuDNN's fused flash-attention kernel on NVIDIA GPUs for bfloat16 / float16 inputs (the
+    dtypes it takes), XLA's composition of the same math everywhere else.
+
+    Examples:
+      >>> fused_attention_kernel(jnp.float32)
+      'xla'
+    """
+    half = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+    return "cudnn" if jax.default_backend() == "gpu" and half else "xla"
+
+
+def fused_attend(
+    q: Array, k: Array, v: Array, lengths: Array, *, scale: float, softcap: float | None
+) -> Array:
+    """Causal grouped-query attention of rows whose first `lengths[n]` tokens are real, through
+    `jax.nn.dot_product_attention` (`fused_attention_kernel`: cuDNN's flash attention on GPUs).
+
+    Query `s < lengths[n]` of row `n` reads keys `t <= s`; the query rows past the length
+    (padding) return no useful value. The kernel keeps the `[N, H, S, T]` logits on chip, so
+    memory stays linear in `S` (`Decoder(fused_attention=True)` brings each row's real tokens
+    to the front first).
+
+    Args:
+      q: queries `[N, S, H, Hd]`.
+      k, v: keys and values `[N, S, K, Hd]`, `H` a multiple of `K`.
+      lengths: `[N]` int32, real tokens per row (a prefix of the row).
+      scale: multiplier of `q·k`.
+      softcap: must be None (the fused kernels have no logit soft-capping).
+
+    Returns:
+      `[N, S, H, Hd]` in `q`'s dtype.
+
+    Examples:
+      >>> q, k = jnp.ones((1, 3, 2, 4)), jnp.ones((1, 3, 1, 4))
+      >>> v = jnp.arange(12.0).reshape(1, 3, 1, 4)
+      >>> out = fused_attend(q, k, v, jnp.array([3]), scale=0.5, softcap=None)
+      >>> mask = jnp.tril(jnp.ones((3, 3), bool))[None]
+      >>> bool(jnp.allclose(out, attend(q, k, v, mask, scale=0.5, softcap=None)))
+      True
+    """
+    if softcap is not None:
+        raise ValueError("fused_attend: the fused kernels have no logit soft-capping (softcap).")
+    lengths = lengths.astype(jnp.int32)
+    return jax.nn.dot_product_attention(
+        q,
+        k,
+        v,
+        scale=scale,
+        is_causal=True,
+        query_seq_lengths=lengths,
+        key_value_seq_lengths=lengths,
+        implementation=fused_attention_kernel(q.dtype),
+    )
+
+
 def chunked_attend(
     q: Array,
     k: Array,

@@ -61,6 +61,7 @@ class ValueModel(nnx.Module):
         param_dtype: Any = jnp.float32,
         remat: Remat = "dots",
         attention_chunk: int | None = None,
+        fused_attention: bool = False,
         rngs: nnx.Rngs,
     ):
         self.backbone = Decoder(
@@ -70,6 +71,7 @@ class ValueModel(nnx.Module):
             remat=remat,
             lm_head=False,
             attention_chunk=attention_chunk,
+            fused_attention=fused_attention,
             rngs=rngs,
         )
         self.head = ValueHead(config.hidden_size, param_dtype=param_dtype, rngs=rngs)

@@ -40,7 +40,7 @@ from jaxrl_llm.checkpoint import CheckpointConfig
 from jaxrl_llm.config import ConfigError, build  # noqa: F401 (doctests)
 from jaxrl_llm.data import DataConfig, PreferenceDataConfig, parse_source
 from jaxrl_llm.metrics_log import MetricsConfig
-from jaxrl_llm.models import LoRAConfig, ModelConfig
+from jaxrl_llm.models import LoRAConfig, ModelConfig, check_fused_attention
 from jaxrl_llm.rewards import RewardConfig
 from jaxrl_llm.sampler import SamplingConfig
 from jaxrl_llm.train import (
@@ -76,6 +76,10 @@ class ModelSection:
         (`Decoder`), so attention's float32 logits and probabilities take memory linear in
         the sequence length instead of quadratic; for long sequences on accelerators
         (docs/models.md).
+      fused_attention: the training forwards attend through `jax.nn.dot_product_attention`:
+        cuDNN's flash-attention kernel on NVIDIA GPUs with `dtype: bfloat16` (logits kept on
+        chip), XLA's composition of the same math elsewhere (`Decoder(fused_attention=True)`;
+        not for Gemma 2 / 3's sliding windows and soft-capping).
       trainable: regexes of the trainable parameter paths (`split_models`; () = all, or with
         `lora` the adapters, a reward model's scalar head and the critic; with `critic_lora`
         the critic's adapters and value head).
@@ -113,6 +117,7 @@ class ModelSection:
     param_dtype: DType = "float32"
     remat: Literal["none", "full", "dots"] = "dots"
     attention_chunk: int | None = None
+    fused_attention: bool = False
     trainable: tuple[str, ...] = ()
     frozen: tuple[str, ...] = ()
     lora: LoRAConfig | None = None
@@ -137,6 +142,11 @@ class ModelSection:
             isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1
         ):
             raise ConfigError(f"model.attention_chunk: must be null or an int >= 1, got {chunk!r}.")
+        if self.fused_attention and self.init is not None:
+            try:
+                check_fused_attention(self.init)
+            except ValueError as err:
+                raise ConfigError(f"model.fused_attention: {err}") from None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -1,6 +1,7 @@
 """The run's tokenizer and models: the policy (a checkpoint or a random init), the PPO critic.
 
-    policy   model.checkpoint → from_pretrained(dtype, param_dtype, remat, attention_chunk)
+    policy   model.checkpoint → from_pretrained(dtype, param_dtype, remat, attention_chunk,
+                                              fused_attention)
              model.init       → Decoder(init, rngs=Rngs(seed))
              (a `reward_model:` run trains a ValueModel in the policy's place:
               from_pretrained(..., head="value", seed=seed), or ValueModel(init, rngs=Rngs(seed)))
@@ -107,6 +108,7 @@ def build_policy(config: RunConfig) -> Decoder | ValueModel:
         "param_dtype": DTYPES[section.param_dtype],
         "remat": section.remat,
         "attention_chunk": section.attention_chunk,
+        "fused_attention": section.fused_attention,
     }
     scorer = config.kind == "reward_model"
     if section.checkpoint is not None:
@@ -153,6 +155,7 @@ def build_critic(config: RunConfig, policy: Decoder) -> nnx.Module | None:
         "param_dtype": param_dtype,
         "remat": section.remat,
         "attention_chunk": section.attention_chunk,
+        "fused_attention": section.fused_attention,
     }
     path = section.critic_checkpoint or section.checkpoint
     if path is None:

@@ -78,8 +78,9 @@ class ModelSection:
         (docs/models.md).
       fused_attention: the training forwards attend through `jax.nn.dot_product_attention`:
         cuDNN's flash-attention kernel on NVIDIA GPUs with `dtype: bfloat16` (logits kept on
-        chip), XLA's composition of the same math elsewhere (`Decoder(fused_attention=True)`;
-        not for Gemma 2 / 3's sliding windows and soft-capping).
+        chip), XLA's composition of the same math elsewhere, which on the CPU is slower than
+        the default (`Decoder(fused_attention=True)`, docs/models.md; not for Gemma 2 / 3's
+        sliding windows and soft-capping).
       trainable: regexes of the trainable parameter paths (`split_models`; () = all, or with
         `lora` the adapters, a reward model's scalar head and the critic; with `critic_lora`
         the critic's adapters and value head).

@@ -244,10 +244,13 @@ def bench_update(
     remat: str = "dots",
     rows: int | None = None,
     fused_attention: bool = False,
+    chunk_size: int | None = None,
 ) -> dict[str, Any]:
     """Seconds of one GRPO update step and its bf16 MFU (module docstring); `rows` overrides
     the sequence count N, `fused_attention` the model's attention (cuDNN's flash attention,
-    `Decoder(fused_attention=True)`); `trace` adds a profile of one step."""
+    `Decoder(fused_attention=True)`), `chunk_size` the log-probs' positions per vocabulary
+    chunk (`AlgorithmConfig.chunk_size`; None: the whole `[N·T, V]` logits at once); `trace`
+    adds a profile of one step."""
     s = dataclasses.replace(s, rows=rows or s.rows)
     model = Decoder(
         s.model,
@@ -258,7 +261,7 @@ def bench_update(
         rngs=nnx.Rngs(0),
     )
     graphs, params, frozen = split_models(model)
-    algorithm = preset("grpo")
+    algorithm = dataclasses.replace(preset("grpo"), chunk_size=chunk_size)
     optim = OptimConfig(name="adamw", learning_rate=1e-6, max_grad_norm=1.0)
     optimizer = make_optimizer(optim)
     state = init_train_state(
@@ -287,6 +290,7 @@ def bench_update(
     return {
         "remat": remat,
         "fused_attention": fused_attention,
+        "chunk_size": chunk_size,
         "rows": s.rows,
         "seq": s.seq,
         "tokens": tokens,

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The GPU measurements of one lent-machine session, as one command (≈ 8-10 min on an H100, most
-# of it compiling; docs/performance.md, "On a GPU"):
+# The GPU measurements of one lent-machine session, as one command (≈ 7-9 min on an H100, most
+# of it compiling; the parts' time limits add up to 560 s, under the device tool's 600 s per
+# call; docs/performance.md, "On a GPU"):
 #
 #   benchmarks/gpu_session.sh OUT_DIR [ARGS...]     ARGS go to every bench_gpu call
 #   PYTHON=.venv/bin/python benchmarks/gpu_session.sh /tmp/g --tiny    a smoke run on a CPU
@@ -15,7 +16,9 @@
 #   p5  default flags: 8 decode steps per while-loop iteration as an inner loop of fixed trip
 #       count (unroll_loop_steps false), which XLA runs without reading a condition back to
 #       the host: one round trip per 8 steps without unrolling the step;
-#   p6  the update step with cuDNN's flash attention (Decoder(fused_attention=True)).
+#   p6  the update step with cuDNN's flash attention (Decoder(fused_attention=True)), and with
+#       the log-probs in vocabulary chunks of 1024 positions (the 151,936-token logits of the
+#       8,192 positions not materialised at once).
 #
 # Parts p2-p6 each change one lever against p1's defaults. Each part runs in its own
 # process under a time limit and writes OUT_DIR/pN/bench_gpu.json as it goes, so a part that
@@ -36,12 +39,12 @@ part() {  # part NAME SECONDS [env VAR=...] ARGS...
 }
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv >"$out/smi.txt" 2>&1
 part p1 110 "${bench[@]}" --out "$out/p1" --repeat 10 --profile
-part p2 75 env "$graphs" "${bench[@]}" --out "$out/p2" --skip ceilings update
-part p3 130 env "$graphs" "${bench[@]}" --out "$out/p3" --skip ceilings decode update \
+part p2 70 env "$graphs" "${bench[@]}" --out "$out/p2" --skip ceilings update
+part p3 110 env "$graphs" "${bench[@]}" --out "$out/p3" --skip ceilings decode update \
     --variants --update-variants '[]' --decode-variants '[{"layer_unroll": 24}]'
-part p4 130 "${bench[@]}" --out "$out/p4" --skip ceilings decode update --variants \
+part p4 110 "${bench[@]}" --out "$out/p4" --skip ceilings decode update --variants \
     --update-variants '[{"rows": 32}]' --decode-variants '[{"layer_unroll": 4}]'
-part p5 90 "${bench[@]}" --out "$out/p5" --skip ceilings decode update --variants \
+part p5 70 "${bench[@]}" --out "$out/p5" --skip ceilings decode update --variants \
     --update-variants '[]' --decode-variants '[{"steps_per_loop": 8, "unroll_loop_steps": false}]'
-part p6 60 "${bench[@]}" --out "$out/p6" --skip ceilings decode update --variants \
-    --decode-variants '[]' --update-variants '[{"fused_attention": true}]'
+part p6 90 "${bench[@]}" --out "$out/p6" --skip ceilings decode update --variants \
+    --decode-variants '[]' --update-variants '[{"fused_attention": true}, {"chunk_size": 1024}]'

@@ -378,7 +378,8 @@ def _gpu_update_row(u: dict) -> str:
     measured = u.get("mfu_of_measured_peak")
     return (
         f"| update, {u['rows']} × {u['seq']} tokens, remat {u.get('remat', 'dots')}"
-        f"{', fused attention' if u.get('fused_attention') else ''} | "
+        f"{', fused attention' if u.get('fused_attention') else ''}"
+        f"{f', vocabulary chunks of {c}' if (c := u.get('chunk_size')) else ''} | "
         f"{_fmt(u['median_s'])} s ({_fmt(u['achieved_flops'] / 1e12)} TFLOP/s) | "
         f"{100 * u['mfu']:.1f}% | {'—' if measured is None else f'{100 * measured:.1f}%'} | "
         f"{u['compile_s']} s |"

@@ -86,7 +86,10 @@ def test_the_gpu_benchmark_arithmetic_and_its_report(tmp_path):
         "decode": decode,
         "update": update,
         "decode_variants": [{**decode, "layer_unroll": 24, "fraction_of_roofline": 0.2}],
-        "update_variants": [{**update, "fused_attention": True, "median_s": 0.05}],
+        "update_variants": [
+            {**update, "fused_attention": True, "median_s": 0.05},
+            {**update, "chunk_size": 1024},
+        ],
         "ceilings": {"bandwidth": 2e12, "bf16_matmul_flops": 5e14, "matmul_n": 8192},
     }
     bench_gpu._fractions(result)
@@ -103,4 +106,6 @@ def test_the_gpu_benchmark_arithmetic_and_its_report(tmp_path):
         "| update, 16 × 512 tokens, remat dots | 0.1 s (200 TFLOP/s) | 20.0% | 40.0% | 3.0 s |",
         "| update, 16 × 512 tokens, remat dots, fused attention | 0.05 s (200 TFLOP/s) | 20.0% "
         "| 40.0% | 3.0 s |",
+        "| update, 16 × 512 tokens, remat dots, vocabulary chunks of 1024 | 0.1 s (200 TFLOP/s) "
+        "| 20.0% | 40.0% | 3.0 s |",
     ]

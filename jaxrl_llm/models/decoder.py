@@ -53,6 +53,7 @@ from jaxrl_llm.models.layers import (
     attend,
     chunked_attend,
     fused_attend,
+    fused_attention_fits,
     make_param,
     rope_angles,
     rope_inv_freq,
@@ -217,10 +218,11 @@ class Decoder(nnx.Module):
         the front (a stable per-row permutation, undone at the end), so the kernel's causal
         mask with per-row lengths is the model's mask; the real positions' hidden states
         are the default attention's up to float rounding (tested on the CPU; padding
-        positions differ, and are never read). Packed rows (`segment_ids`), the
-        shared-prompt forward, decoding and forwards under a mesh of more than one device
-        keep the default attention. Models with sliding windows or logit soft-capping
-        (Gemma 2 and 3) refuse it.
+        positions differ, and are never read), also under sharded meshes whose `tensor` axis
+        splits the KV heads (`layers.fused_attention_fits`). Packed rows (`segment_ids`), the
+        shared-prompt forward, decoding and meshes that replicate the KV heads keep the
+        default attention.
+        Models with sliding windows or logit soft-capping (Gemma 2 and 3) refuse it.
       rngs: initialisation keys.
 
     Examples:
@@ -310,7 +312,8 @@ class Decoder(nnx.Module):
         _check_inputs(tokens, positions, attention_mask, "attention_mask")
         tokens, positions = _rows(tokens), _rows(positions)
         attention_mask, segment_ids = _rows(attention_mask), _rows(segment_ids)
-        if self.fused_attention and segment_ids is None and plain_layout():
+        fits = fused_attention_fits(self.config.num_kv_heads)
+        if self.fused_attention and segment_ids is None and fits:
             return self._fused_hidden_states(tokens, positions, attention_mask)
         if segment_ids is None:
             segment_ids = (

@@ -262,7 +262,9 @@ def fused_attend(
     if softcap is not None:
         raise ValueError("fused_attend: the fused kernels have no logit soft-capping (softcap).")
     lengths = lengths.astype(jnp.int32)
-    return jax.nn.dot_product_attention(
+    if plain_layout():  # (a one-device mesh's typed arrays, as in `attend`)
+        q, k, v, lengths = unsharded(q, k, v, lengths)
+    out = jax.nn.dot_product_attention(
         q,
         k,
         v,
@@ -272,6 +274,23 @@ def fused_attend(
         key_value_seq_lengths=lengths,
         implementation=fused_attention_kernel(q.dtype),
     )
+    return shard(out, ("batch", "length", "heads", "head_dim"))
+
+
+def fused_attention_fits(num_kv_heads: int) -> bool:
+    """Whether `fused_attend` can run under the context mesh: no mesh or one device, or a
+    `tensor` axis that splits the KV heads (each device then holds whole groups of query
+    heads; where the rules replicate the KV heads, the default attention gathers the query
+    heads instead).
+
+    Examples:
+      >>> fused_attention_fits(2)
+      True
+    """
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.size == 1:
+        return True
+    return num_kv_heads % dict(mesh.shape).get("tensor", 1) == 0
 
 
 def chunked_attend(

@@ -312,8 +312,8 @@ class Decoder(nnx.Module):
         _check_inputs(tokens, positions, attention_mask, "attention_mask")
         tokens, positions = _rows(tokens), _rows(positions)
         attention_mask, segment_ids = _rows(attention_mask), _rows(segment_ids)
-        fits = fused_attention_fits(self.config.num_kv_heads)
-        if self.fused_attention and segment_ids is None and fits:
+        fused = self.fused_attention and segment_ids is None
+        if fused and fused_attention_fits(self.config.num_kv_heads):
             return self._fused_hidden_states(tokens, positions, attention_mask)
         if segment_ids is None:
             segment_ids = (

@@ -60,6 +60,7 @@ from jaxrl_llm.runner.context import RunContext
 from jaxrl_llm.runner.in_graph import TaskArrays, in_graph_scores, rollout_metrics, task_arrays
 from jaxrl_llm.runner.programs import (
     advantage_program,
+    kept_rows_logprob_program,
     logprob_program,
     prompt_group_size,
     rollout_program,
@@ -227,9 +228,7 @@ def _update_batch(spec: _Spec) -> Callable[..., Any]:
         )
     advantages = advantage_program(batch_alg, spec.sampling.num_samples)
     ref_after = keeps_row_subset(alg, spec.sampling.num_samples)
-    pairs = logprob_program(
-        spec.graphs.policy, alg.temperature, alg.chunk_size, min(spec.forward_group, 2)
-    )
+    pairs = kept_rows_logprob_program(spec.graphs.policy, alg, spec.forward_group)
     values_of = value_program(spec.graphs, spec.forward_group) if alg.critic is not None else None
 
     def build(state: Any, reference: Any, out: Any, signal: jax.Array) -> Any:

@@ -68,6 +68,7 @@ from jaxrl_llm.runner.models import export_policy
 from jaxrl_llm.runner.preference import _preference_step, evaluate_preference
 from jaxrl_llm.runner.programs import (
     advantage_program,
+    kept_rows_logprob_program,
     logprob_program,
     prompt_group_size,
     reference_sync_program,
@@ -143,9 +144,7 @@ def _rl_step(
             kl_coef=state.kl.beta,
         )
         if ref_after:
-            pairs = logprob_program(
-                ctx.graphs.policy, alg.temperature, alg.chunk_size, min(forward_group, 2)
-            )
+            pairs = kept_rows_logprob_program(ctx.graphs.policy, alg, forward_group)
             kept = SequenceBatch(batch.tokens, batch.attention_mask, batch.completion_mask)
             ref = forward_in_row_groups(
                 ctx, pairs, reference_policy(ctx, state), policy_frozen, kept

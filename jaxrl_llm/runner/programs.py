@@ -157,6 +157,23 @@ def logprob_program(
     )
 
 
+def kept_rows_logprob_program(
+    graphdef: Any, algorithm: AlgorithmConfig, forward_group: int
+) -> Callable[..., Any]:
+    """The log-prob program of the rows `build_rl_batch` kept (`train.keeps_row_subset`:
+    online DPO's best and worst of each prompt, consecutive rows sharing the prompt, so the
+    shared-prompt forward groups them by 2 where the run's forwards share prompts).
+
+    Examples:
+      >>> from jaxrl_llm.train import preset
+      >>> kept_rows_logprob_program(None, preset("online_dpo"), 8) is logprob_program(
+      ...     None, 1.0, None, 2)
+      True
+    """
+    group = min(forward_group, 2)
+    return logprob_program(graphdef, algorithm.temperature, algorithm.chunk_size, group)
+
+
 @functools.lru_cache(maxsize=_CACHE_SIZE)
 def value_program(graphs: ModelGraphs, group_size: int = 1) -> Callable[..., Any]:
     """The cached `make_value_fn` of the critic (the old values of PPO), with `group_size`

@@ -76,6 +76,7 @@ from jaxrl_llm.runner.preference import (
 )
 from jaxrl_llm.runner.programs import (
     advantage_program,
+    kept_rows_logprob_program,
     logprob_program,
     nll_program,
     prompt_group_size,
@@ -170,6 +171,7 @@ __all__ = [
     "in_graph_scores",
     "in_graph_stop_ids",
     "iterations_program",
+    "kept_rows_logprob_program",
     "load_preference_eval_examples",
     "load_preference_examples",
     "load_run_config",

@@ -11,8 +11,10 @@
   configured, so the suite's training runs never write into the user's home. The cache key
   covers the compile options, so programs compiled with and without XLA's optimisations
   (below) never stand in for each other.
-- The test process compiles with most of XLA's optimisation passes off (`tests/compile_settings.py`:
-  compiling, not running, is most of the suite's time).
+- The test process compiles with most of XLA's optimisation passes off and with XLA:CPU's
+  older fusion emitters (`tests/compile_settings.py`: compiling, not running, is most of the
+  suite's time). The emitter flag goes into `XLA_FLAGS` here, before JAX starts a backend;
+  the xdist workers and the test subprocesses inherit it.
 """
 
 import atexit
@@ -29,7 +31,11 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 import jax
 import pytest
 
-from tests.compile_settings import optimisations, with_optimisations  # noqa: F401
+from tests.compile_settings import optimisations, with_fast_xla_flags
+
+os.environ["XLA_FLAGS"] = with_fast_xla_flags(os.environ.get("XLA_FLAGS", ""))
+if jax._src.xla_bridge.backends_are_initialized():  # a plugin started JAX: flags come too late
+    raise RuntimeError("conftest.py: JAX's backend started before the suite's XLA_FLAGS were set")
 
 # JAX may have been imported before this file (a plugin): give it the settings either way
 jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])

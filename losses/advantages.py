@@ -486,7 +486,10 @@ def gpg_advantages(
     with `c = s` for `count="nonzero_reward"` (default; verl counts non-zero scores) or
     `c = s − μ_b` for `count="nonzero_advantage"`. Which one the paper means is
     (reconstructed — verify against the paper). Zero-variance groups get exactly 0 (and are not
-    counted by "nonzero_advantage"). Pair with `reinforce_loss`.
+    counted by "nonzero_advantage"); so is a reward equal to its group's mean (a tie such as
+    0.5 in {0, 0.5, 1, 0.5}): "nonzero_advantage" counts `|c| > (G + 1)·ε₃₂·max_g |s_bg|`, the
+    float32 rounding bound of `μ_b`, so the count is the same on every backend (one that
+    divides by `G` through a reciprocal gives `c ≈ 1e-8` at a tie). Pair with `reinforce_loss`.
 
     Source: "GPG: A Simple and Strong Reinforcement Learning Baseline for Model Reasoning"
     (arXiv 2504.02546). Peer: verl `gpg` (its `alpha` argument is silently ignored; `f_norm`
@@ -512,8 +515,14 @@ def gpg_advantages(
     s, v = _grouped_inputs(rewards, None, where=where)
     mom = _moments(s, v, _axis_ops(), 1)
     centred = _finish(mom.centred, v, mom, "raw")
-    counted = s if count == "nonzero_reward" else centred
-    nonzero = jnp.sum(jnp.where(counted != 0, 1.0, 0.0))
+    if count == "nonzero_reward":
+        counted = s != 0
+    else:  # |c| within the float32 rounding of μ_b (a sum of G terms) is a tie with the mean
+        tie = (
+            (s.shape[-1] + 1) * jnp.finfo(jnp.float32).eps * jnp.max(jnp.abs(s), -1, keepdims=True)
+        )
+        counted = jnp.abs(centred) > tie
+    nonzero = jnp.sum(jnp.where(counted, 1.0, 0.0))
     alpha = s.size / jnp.maximum(nonzero, 1.0)
     return jax.lax.stop_gradient(alpha * centred / f_norm)
 

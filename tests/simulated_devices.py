@@ -25,6 +25,8 @@ from typing import Any, NamedTuple
 
 import pytest
 
+from tests.compile_settings import with_fast_xla_flags
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # Messages with which a JAX build without cross-process CPU collectives refuses the job.
 NO_CPU_COLLECTIVES = (
@@ -36,7 +38,7 @@ NO_CPU_COLLECTIVES = (
 def _environ(devices: int, xla_flags: str, env: dict[str, str] | None) -> dict[str, str]:
     environ = dict(os.environ, JAX_DISABLE_MOST_OPTIMIZATIONS="1", **(env or {}))
     flags = f"--xla_force_host_platform_device_count={devices} {xla_flags}"
-    environ["XLA_FLAGS"] = (environ.get("XLA_FLAGS", "") + " " + flags).strip()
+    environ["XLA_FLAGS"] = with_fast_xla_flags(f"{environ.get('XLA_FLAGS', '')} {flags}".strip())
     environ["JAX_PLATFORMS"] = "cpu"
     environ["PYTHONPATH"] = str(ROOT) + os.pathsep + environ.get("PYTHONPATH", "")
     return environ

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import os
 import pathlib
 import subprocess
 import sys
 
 import jax.numpy as jnp
 import pytest
+
+from tests.compile_settings import fast_compile_env
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 GENERATOR = ROOT / "docs" / "gen_api.py"
@@ -26,8 +27,7 @@ def gen():
 
 
 def test_api_reference_is_current():
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONHASHSEED="random")
-    env.pop("XLA_FLAGS", None)
+    env = fast_compile_env(JAX_PLATFORMS="cpu", PYTHONHASHSEED="random")
     result = subprocess.run(
         [sys.executable, str(GENERATOR), "--check"],
         cwd=ROOT,

@@ -17,6 +17,8 @@ import sys
 
 import pytest
 
+from tests.compile_settings import user_env
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 MIN_PROSE_WORDS = 15  # a markdown cell shorter than this is a heading, not an explanation
@@ -120,7 +122,7 @@ def test_notebook_runs(path):
     for module in REQUIRES.get(path.name, ()):
         pytest.importorskip(module, reason=f"{path.name} needs {module} (the test extra)")
     before = sorted(p.name for p in path.parent.iterdir())
-    env = dict(os.environ)
+    env = user_env()  # one CPU device and XLA's defaults, as on a laptop
     env.update(
         MPLBACKEND="Agg",
         JAX_PLATFORMS="cpu",
@@ -129,7 +131,6 @@ def test_notebook_runs(path):
         HF_DATASETS_OFFLINE="1",
         PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])),
     )
-    env.pop("XLA_FLAGS", None)  # one CPU device, as on a laptop
     result = subprocess.run(
         [sys.executable, "-c", RUNNER, str(path)],
         cwd=path.parent,

@@ -15,13 +15,13 @@ import pytest
 
 from jaxrl_llm.checkpoint import Checkpointer, IncompleteCheckpointWarning
 from tests.checkpoint import kill_runner
+from tests.compile_settings import fast_compile_env
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _run_until_started(directory: pathlib.Path) -> dict[int, str]:
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    env.pop("XLA_FLAGS", None)
+    env = fast_compile_env(JAX_PLATFORMS="cpu")
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.checkpoint.kill_runner", str(directory)],

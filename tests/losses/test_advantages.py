@@ -246,6 +246,18 @@ def test_gpg_matches_reference(count):
     assert_close(_gpg(s, count=count, f_norm=1.5), alpha * centred / 1.5)
 
 
+def test_gpg_counts_a_reward_equal_to_its_group_mean_as_a_zero_advantage():
+    # b is the exact mean of (b − d, b, b + d), but the float32 sum rounds: μ_b = b + 1 ulp
+    b, d = np.float32(0.94156516), np.float32(2**-5)
+    tie = np.array([b - d, b, b + d], np.float32)
+    assert (tie[0] + tie[1] + tie[2]) / np.float32(3) != b  # the rounding this test is about
+    s = np.stack([tie, np.array([0.0, 0.5, 1.0], np.float32)])  # an exact tie at 0.5
+    got = np.asarray(_gpg(s, count="nonzero_advantage"))
+    centred = s.astype(np.float64) - s.astype(np.float64).mean(1, keepdims=True)
+    assert_close(got, 6 / 4 * centred)  # 4 non-zero advantages of 6
+    assert np.abs(got[:, 1]).max() < 1e-6
+
+
 @pytest.mark.parametrize("scale", [True, False])
 @pytest.mark.parametrize("ddof", [0, 1])
 def test_passk_matches_reference(scale, ddof):

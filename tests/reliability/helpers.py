@@ -4,7 +4,6 @@ misbehaving reward functions."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import numpy as np
 
 from jaxrl_llm.cli import main
 from jaxrl_llm.runner import load_run_config, prepare_run
+from tests.compile_settings import fast_compile_env
 from tests.runner.helpers import CONFIGS, ROOT, TINY, records
 
 GRPO = str(CONFIGS / "grpo.yaml")
@@ -37,16 +37,13 @@ def train(run_dir, overrides, *, resume=False):
 def run_cli(args, *, cache_dir, env=None, timeout=300):
     """`python -m jaxrl_llm ARGS` in a subprocess (one CPU device, fast compiles, the session's
     persistent compilation cache); returns the `CompletedProcess` (text output)."""
-    full_env = dict(
-        os.environ,
+    full_env = fast_compile_env(
         JAX_PLATFORMS="cpu",
-        JAX_DISABLE_MOST_OPTIMIZATIONS="1",
         JAX_COMPILATION_CACHE_DIR=str(cache_dir),
         JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
         JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
         **(env or {}),
     )
-    full_env.pop("XLA_FLAGS", None)
     return subprocess.run(
         [sys.executable, "-m", "jaxrl_llm", *args],
         cwd=ROOT,

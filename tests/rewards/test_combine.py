@@ -75,6 +75,7 @@ def test_single_component_decoupled_equals_sum(rewards):
     np.testing.assert_allclose(
         advantages(r, w, group_size=G, mode="decoupled"),
         advantages(r, w, group_size=G),
+        rtol=1e-6,  # two programs: the same value up to float32 rounding
     )
 
 

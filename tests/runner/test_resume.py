@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import pathlib
 import signal
 import subprocess
@@ -14,6 +13,7 @@ import numpy as np
 
 from jaxrl_llm.cli import main
 from jaxrl_llm.runner import load_run_config, prepare_run
+from tests.compile_settings import fast_compile_env
 from tests.runner.helpers import CONFIGS, ROOT, SFT_OPTIM, TINY, records, train_records, tree_equal
 
 GRPO = str(CONFIGS / "grpo.yaml")
@@ -75,8 +75,7 @@ def test_sigterm_finishes_the_step_checkpoints_and_resumes(tmp_path):
         "export.enabled=false",
     ]
     command = [sys.executable, "-m", "jaxrl_llm", "train", str(CONFIGS / "sft.yaml"), *overrides]
-    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_DISABLE_MOST_OPTIMIZATIONS="1")
-    env.pop("XLA_FLAGS", None)
+    env = fast_compile_env(JAX_PLATFORMS="cpu")
     process = subprocess.Popen(
         [*command, "--run-dir", str(run_dir)],
         cwd=ROOT,

@@ -3,9 +3,9 @@
     python -m benchmarks.report [--results DIR]
 
 Reads `DIR/grpo/*.json` (`benchmarks.bench_grpo`), `DIR/sampler_cpu.json`
-(`benchmarks.bench_sampler`), `DIR/attention_cpu.json` (`benchmarks.bench_attention`) and
-`DIR/gpu/*.json` (`benchmarks.bench_gpu`) when present, and
-writes `DIR/README.md` and `DIR/scaling.png` (log-log: seconds per step and the update step's
+(`benchmarks.bench_sampler`), `DIR/attention_cpu.json` (`benchmarks.bench_attention`),
+`DIR/preference_cpu.json` (`benchmarks.bench_preference`) and `DIR/gpu/*.json`
+(`benchmarks.bench_gpu`) when present, and writes `DIR/README.md` and `DIR/scaling.png` (log-log: seconds per step and the update step's
 memory against the doubled quantity). Speed-ups compare medians measured in the same run; the FLOP/s
 fractions divide the model's FLOPs (`benchmarks.workloads`) per second by the jax float32
 matmul peak measured in the same run.
@@ -358,6 +358,34 @@ def attention_table(results: pathlib.Path) -> list[str]:
     return lines
 
 
+def preference_table(results: pathlib.Path) -> list[str]:
+    path = results / "preference_cpu.json"
+    if not path.exists():
+        return []
+    rows = json.loads(path.read_text())["results"]
+    lines = [
+        "### DPO with each pair's prompt once (`benchmarks/bench_preference.py`)",
+        "",
+        "One offline DPO step (β = 0.1, AdamW): the update step and the reference forward, "
+        "chosen and rejected rows concatenated against each pair's prompt run once "
+        "(`preference.shared_prompt`), median seconds per call in one process.",
+        "",
+        "| model | pairs × P + T | token rows | update s | reference s | update speed-up | "
+        "reference speed-up | compile s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        plain, shared = r["concatenated"], r["shared_prompt"]
+        lines.append(
+            f"| {r['model']} | {r['pairs']} × {r['prompt_len']} + {r['completion_len']} | "
+            f"{r['token_rows']['concatenated']} → {r['token_rows']['shared_prompt']} | "
+            f"{plain['update_s']} → {shared['update_s']} | "
+            f"{plain['reference_s']} → {shared['reference_s']} | {r['update_speedup']}× | "
+            f"{r['reference_speedup']}× | {plain['compile_s']} → {shared['compile_s']} |"
+        )
+    return lines
+
+
 def _gpu_decode_row(d: dict) -> str:
     shape = ", ".join(
         f"{k} {d[k]}"
@@ -458,6 +486,7 @@ def write_report(results: pathlib.Path, command: str) -> pathlib.Path:
         [f"![scaling]({plot.name})"] if plotted else [],
         sampler_table(results),
         attention_table(results),
+        preference_table(results),
         gpu_table(results),
     ]
     text = "\n\n".join("\n".join(s) for s in sections if s) + "\n"

@@ -5,13 +5,14 @@
 
 Options: `--peers-python PYTHON` (default `$PEERS_PYTHON`, else `/tmp/peers-venv/bin/python`
 when it exists; without it the peers are skipped with a message), `--force` (re-measure
-results that exist), `--skip losses sampler attention grpo`.
+results that exist), `--skip losses sampler attention preference grpo`.
 
 Runs, in this order, each in its own processes:
 
     losses    benchmarks.bench_losses   -> RESULTS/losses_cpu.json
     sampler   benchmarks.bench_sampler  -> RESULTS/sampler_cpu.json (vs HF generate)
     attention benchmarks.bench_attention -> RESULTS/attention_cpu.json (whole vs query blocks)
+    preference benchmarks.bench_preference -> RESULTS/preference_cpu.json (DPO, shared prompt)
     grpo      benchmarks.bench_grpo     -> RESULTS/grpo/*.json (matmul peak, ours, peers,
                                            scaling)
     report    benchmarks.report         -> RESULTS/README.md, RESULTS/scaling.png
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         "--skip",
         nargs="*",
         default=[],
-        choices=["losses", "sampler", "attention", "grpo"],
+        choices=["losses", "sampler", "attention", "preference", "grpo"],
         help="parts",
     )
     args = parser.parse_args(argv)
@@ -69,6 +70,11 @@ def main(argv: list[str] | None = None) -> int:
         attention += [str(results / "attention_cpu.json")] + (["--quick"] if args.quick else [])
         if _run(attention, bench_grpo.hugepage_env()):
             failures.append("attention")
+    if "preference" not in args.skip:
+        preference = [py, "-m", "benchmarks.bench_preference", "--out"]
+        preference += [str(results / "preference_cpu.json")] + (["--quick"] if args.quick else [])
+        if _run(preference, bench_grpo.hugepage_env()):
+            failures.append("preference")
     if "grpo" not in args.skip:
         args.out = str(results / "grpo") if args.out is None else args.out
         bench_grpo.run(args)

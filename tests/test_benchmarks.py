@@ -3,7 +3,8 @@
 A smoke test of `benchmarks/grpo_worker.py` as `bench_grpo` starts it (a subprocess printing
 one `RESULT` line; the step-by-step loop): it builds on the runner's internals (the update
 step, the log-prob forward), so a change there must not leave `make bench` broken; and of
-`benchmarks/bench_attention.py`'s measurement and its report table; and of the GPU benchmark's
+`benchmarks/bench_attention.py`'s and `benchmarks/bench_preference.py`'s measurements and their
+report tables; and of the GPU benchmark's
 roofline and MFU arithmetic and its report table (the benchmark itself needs a GPU to mean
 anything). Nothing here is timed or compared.
 """
@@ -46,6 +47,18 @@ def test_the_attention_benchmark_measures_both_forms(tmp_path):
     (tmp_path / "attention_cpu.json").write_text(json.dumps({"results": rows}))
     table = report.attention_table(tmp_path)
     assert table[0].startswith("### Attention in query blocks") and len(table) == 8
+
+
+def test_the_preference_benchmark_measures_both_forms(tmp_path):
+    from benchmarks import bench_preference, report
+
+    row = bench_preference.measure("tiny", 2, 6, 3, repeat=1)
+    assert row["token_rows"] == {"concatenated": 36, "shared_prompt": 24}
+    for form in ("concatenated", "shared_prompt"):
+        assert row[form]["update_s"] > 0 and row[form]["reference_s"] > 0
+    (tmp_path / "preference_cpu.json").write_text(json.dumps({"results": [row]}))
+    table = report.preference_table(tmp_path)
+    assert table[0].startswith("### DPO with each pair's prompt once") and len(table) == 7
 
 
 def test_the_gpu_benchmark_arithmetic_and_its_report(tmp_path):

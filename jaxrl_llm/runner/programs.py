@@ -216,7 +216,7 @@ def preference_prepare_program(config: PreferenceConfig, graphdef: Any) -> Calla
       >>> fn is preference_prepare_program(PreferenceConfig(), None)
       True
     """
-    logprob_fn = logprob_program(graphdef, 1.0, config.chunk_size)
+    logprob_fn = logprob_program(graphdef, 1.0, config.chunk_size, config.prompt_group_size)
 
     @jax.jit
     def run(batch: Any, policy_params: Any, ref_params: Any, frozen: Any, moments: Any) -> Any:

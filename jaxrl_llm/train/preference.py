@@ -10,6 +10,7 @@ reference point `z`; BCO's rows carry the running reward shift `δ`.
 One micro-batch of the objective (`preference_objective`):
 
     lp        = completion_logprobs(policy, concat(chosen, rejected))      one forward, [2N,T]
+                (`shared_prompt`: the rows of a pair side by side, its prompt run once)
     π_c, π_r  = losses.sequence_logprob(lp, m; sum | mean)                  (or LD-DPO's sums)
     L         = losses.<loss>(π_c, π_r, ref_c, ref_r; …, num_pairs = D)    mean over the D pairs
                 + c·losses.nll_loss(lp_c, m_c; agg, global counts)         RPO, CPO, ORPO
@@ -42,6 +43,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 import losses
+from jaxrl_llm.models._sharded_ops import plain_layout, unsharded
 from jaxrl_llm.train.batch import (
     Normalizers,
     SequenceBatch,
@@ -455,7 +457,9 @@ def preference_objective(config: PreferenceConfig, graphs: ModelGraphs) -> Objec
     """The objective of a preference loss over `PreferenceBatch`es (see `preference_loss`).
 
     One forward of the policy scores the chosen and rejected sequences together
-    (`concat_sequences`, then `completion_logprobs`); KTO scores its examples alone.
+    (`joint_token_logprobs`: `concat_sequences`, then `completion_logprobs`; with
+    `config.shared_prompt` each pair's prompt runs once per layer); KTO scores its examples
+    alone.
 
     Args:
       config: the preference config.
@@ -475,19 +479,20 @@ def preference_objective(config: PreferenceConfig, graphs: ModelGraphs) -> Objec
             "critic (graphs.value must be None)."
         )
 
+    def forward(params: Any, frozen: Any, sequences: SequenceBatch) -> jax.Array:
+        policy = nnx.merge(graphs.policy, params, frozen)
+        logp, _, _ = completion_logprobs(
+            policy, sequences, chunk_size=config.chunk_size, group_size=config.prompt_group_size
+        )
+        return logp
+
     def loss(
         params: dict, frozen: dict, batch: PreferenceBatch, norms: Normalizers, kl_coef: Any
     ) -> tuple[jax.Array, dict[str, jax.Array]]:
         del kl_coef
-        policy = nnx.merge(graphs.policy, params["policy"], frozen["policy"])
-        if batch.rejected is None:
-            logp, _, _ = completion_logprobs(policy, batch.chosen, chunk_size=config.chunk_size)
-            return preference_loss(config, batch, logp, None, norms)
-        joint = concat_sequences(batch.chosen, batch.rejected)
-        logp, _, _ = completion_logprobs(policy, joint, chunk_size=config.chunk_size)
-        N = batch.chosen.tokens.shape[0]
-        chosen = logp[:N, : batch.chosen.completion_mask.shape[1]]
-        rejected = logp[N:, : batch.rejected.completion_mask.shape[1]]
+        chosen, rejected = joint_token_logprobs(
+            forward, params["policy"], frozen["policy"], batch, shared_prompt=config.shared_prompt
+        )
         return preference_loss(config, batch, chosen, rejected, norms)
 
     def check(batch: PreferenceBatch, updates_per_step: int) -> None:
@@ -500,18 +505,63 @@ def preference_objective(config: PreferenceConfig, graphs: ModelGraphs) -> Objec
 LogprobFn = Callable[[Any, Any, SequenceBatch], jax.Array]
 
 
-def _joint_token_logprobs(
-    logprob_fn: LogprobFn, params: Any, frozen: Any, batch: PreferenceBatch
+def interleave_pairs(chosen: SequenceBatch, rejected: SequenceBatch) -> SequenceBatch:
+    """`concat_sequences(chosen, rejected)` with the rows interleaved: pair `n` in rows `2n`
+    (chosen) and `2n + 1` (rejected), the layout of groups of `G = 2` rows with one prompt
+    (`completion_hidden(group_size=2)`, `Decoder.shared_prompt_hidden_states`).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> c = SequenceBatch(jnp.array([[1, 2], [3, 4]]), jnp.ones((2, 2)), jnp.ones((2, 1)))
+      >>> r = SequenceBatch(jnp.array([[1, 5], [3, 6]]), jnp.ones((2, 2)), jnp.ones((2, 1)))
+      >>> interleave_pairs(c, r).tokens.tolist()
+      [[1, 2], [1, 5], [3, 4], [3, 6]]
+    """
+    joint = concat_sequences(chosen, rejected)
+    N = chosen.tokens.shape[0]
+
+    def one(x: jax.Array) -> jax.Array:
+        (x,) = unsharded(jnp.asarray(x))
+        return jnp.stack([x[:N], x[N:]], axis=1).reshape(2 * N, *x.shape[1:])
+
+    return SequenceBatch(*(one(x) for x in joint[:3]))
+
+
+def joint_token_logprobs(
+    logprob_fn: LogprobFn,
+    params: Any,
+    frozen: Any,
+    batch: PreferenceBatch,
+    *,
+    shared_prompt: bool = False,
 ) -> tuple[jax.Array, jax.Array | None]:
-    """Token log-probs of chosen (and rejected) from one call of `logprob_fn`."""
+    """Token log-probs `[N,T_c]` of the chosen and `[N,T_r]` of the rejected completions from
+    one call of `logprob_fn` on both (KTO: the chosen alone, and None).
+
+    With `shared_prompt` (`PreferenceConfig.shared_prompt`), where the model builds its plain
+    program (no mesh, or a mesh of one device), the rows are interleaved (`interleave_pairs`)
+    so that a `logprob_fn` made with `group_size=2` runs each pair's prompt once per layer;
+    elsewhere the chosen rows come first and then the rejected, as without it.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> fn = lambda p, f, s: s.tokens[:, -2:].astype(jnp.float32)  # "log-probs" = tokens
+      >>> c = SequenceBatch(jnp.array([[1, 2, 3]]), jnp.ones((1, 3)), jnp.ones((1, 2)))
+      >>> r = SequenceBatch(jnp.array([[1, 5, 6]]), jnp.ones((1, 3)), jnp.ones((1, 2)))
+      >>> lp_c, lp_r = joint_token_logprobs(fn, None, None, PreferenceBatch(c, r),
+      ...                                   shared_prompt=True)
+      >>> lp_c.tolist(), lp_r.tolist()
+      ([[2.0, 3.0]], [[5.0, 6.0]])
+    """
     if batch.rejected is None:
         return logprob_fn(params, frozen, batch.chosen), None
-    lp = logprob_fn(params, frozen, concat_sequences(batch.chosen, batch.rejected))
     N = batch.chosen.tokens.shape[0]
-    return (
-        lp[:N, : batch.chosen.completion_mask.shape[1]],
-        lp[N:, : batch.rejected.completion_mask.shape[1]],
-    )
+    T_c, T_r = batch.chosen.completion_mask.shape[1], batch.rejected.completion_mask.shape[1]
+    if shared_prompt and plain_layout():
+        lp = logprob_fn(params, frozen, interleave_pairs(batch.chosen, batch.rejected))
+        return lp[0::2, :T_c], lp[1::2, :T_r]
+    lp = logprob_fn(params, frozen, concat_sequences(batch.chosen, batch.rejected))
+    return lp[:N, :T_c], lp[N:, :T_r]
 
 
 def reference_logprobs(
@@ -521,12 +571,13 @@ def reference_logprobs(
     batch: PreferenceBatch,
     *,
     ld_alpha: float | None = None,
+    shared_prompt: bool = False,
 ) -> tuple[jax.Array, jax.Array | None]:
     """Reference sequence log-prob sums `[N]` of the chosen (and rejected) completions.
 
     One call of the jitted forward `logprob_fn` (`make_logprob_fn(graphs.policy)`) on the
-    chosen and rejected sequences together. `ld_alpha` gives LD-DPO's desensitised sums (use
-    the config's `ld_alpha`). Rows without completion tokens get 0.
+    chosen and rejected sequences together (`joint_token_logprobs`). `ld_alpha` gives LD-DPO's
+    desensitised sums (use the config's `ld_alpha`). Rows without completion tokens get 0.
 
     Args:
       logprob_fn: `(params, frozen, SequenceBatch) -> logp[N,T]`.
@@ -534,6 +585,8 @@ def reference_logprobs(
       frozen: the frozen policy parameters it shares (`state.frozen["policy"]`).
       batch: the `PreferenceBatch`.
       ld_alpha: LD-DPO's α, or None for plain sums.
+      shared_prompt: each pair's prompt once per layer (`PreferenceConfig.shared_prompt`;
+        `logprob_fn` made with `group_size=2`).
 
     Returns:
       `(ref_chosen_logp[N], ref_rejected_logp[N] or None)`, float32.
@@ -546,7 +599,9 @@ def reference_logprobs(
       >>> c.tolist(), r.tolist()
       ([-2.0], [-2.0])
     """
-    lp_c, lp_r = _joint_token_logprobs(logprob_fn, ref_params, frozen, batch)
+    lp_c, lp_r = joint_token_logprobs(
+        logprob_fn, ref_params, frozen, batch, shared_prompt=shared_prompt
+    )
     m_c = jnp.asarray(batch.chosen.completion_mask)
     if lp_r is None:
         return losses.sequence_logprob(lp_c, m_c), None
@@ -579,7 +634,8 @@ def prepare_preference_batch(
     Args:
       config: the preference config.
       batch: a `PreferenceBatch` (NumPy or JAX arrays).
-      logprob_fn: the jitted forward (`make_logprob_fn(graphs.policy, chunk_size=...)`).
+      logprob_fn: the jitted forward (`make_logprob_fn(graphs.policy, chunk_size=...)`, with
+        `group_size=2` when `config.shared_prompt`).
       policy_params: the current trainable policy parameters (`state.params["policy"]`).
       ref_params: the reference's trainable-subset parameters (`reference_params(...)`).
       frozen: the frozen policy parameters (`state.frozen["policy"]`).
@@ -604,7 +660,12 @@ def prepare_preference_batch(
     N = batch.chosen.tokens.shape[0]
     if config.uses_reference:
         ref_c, ref_r = reference_logprobs(
-            logprob_fn, ref_params, frozen, batch, ld_alpha=config.ld_alpha
+            logprob_fn,
+            ref_params,
+            frozen,
+            batch,
+            ld_alpha=config.ld_alpha,
+            shared_prompt=config.shared_prompt,
         )
         batch = batch._replace(ref_chosen_logp=ref_c, ref_rejected_logp=ref_r)
     if config.needs_reference_point:
@@ -625,7 +686,9 @@ def prepare_preference_batch(
                 f"{where}: loss 'bco' needs `reward_moments` (losses.init_running_moments() at "
                 "the start of training, then the returned moments)."
             )
-        pi_c, pi_r = reference_logprobs(logprob_fn, policy_params, frozen, batch)
+        pi_c, pi_r = reference_logprobs(
+            logprob_fn, policy_params, frozen, batch, shared_prompt=config.shared_prompt
+        )
         beta = 0.1 if config.beta is None else config.beta  # bco_loss's default β
         rewards = beta * jnp.concatenate(
             [pi_c - batch.ref_chosen_logp, pi_r - batch.ref_rejected_logp]
@@ -708,7 +771,9 @@ def train_preference(
     moments = losses.init_running_moments() if config.loss == "bco" else None
     state = init_train_state(params, frozen, tx, key=jax.random.key(seed), reward_moments=moments)
     ref = reference_params(state.params)
-    logprob_fn = make_logprob_fn(graphs.policy, chunk_size=config.chunk_size)
+    logprob_fn = make_logprob_fn(
+        graphs.policy, chunk_size=config.chunk_size, group_size=config.prompt_group_size
+    )
     update = make_update_step(
         preference_objective(config, graphs),
         tx,

@@ -40,7 +40,7 @@ _LOSS_FIELDS: dict[str, tuple[str, ...]] = {
     "bco": ("beta",),
 }
 _LOSS_FIELDS["rpo"] = (*_LOSS_FIELDS["dpo"], "nll_coef", "nll_agg")
-_STEP_FIELDS = ("loss", "epochs", "minibatches", "shuffle", "chunk_size")
+_STEP_FIELDS = ("loss", "epochs", "minibatches", "shuffle", "chunk_size", "shared_prompt")
 # losses defined on length-averaged log-probs by their papers (`average_logprobs` default)
 _AVERAGED_BY_DEFAULT = {"simpo": True, "orpo": True, "cpo": False}
 _NLL_LOSSES = ("rpo", "cpo", "orpo")
@@ -84,6 +84,14 @@ class PreferenceConfig:
       minibatches: optimizer updates per epoch.
       shuffle: reshuffle the rows every epoch.
       chunk_size: positions per vocabulary chunk of the forward.
+      shared_prompt: paired losses: the policy's and the reference's forwards run each pair's
+        prompt once per layer for both completions (`Decoder.shared_prompt_hidden_states`
+        with `G = 2`; the same log-probs and gradients up to float rounding, `P + T_c + T_r`
+        token rows per pair instead of `2·(P + T)`). The chosen and rejected rows of a batch
+        must then share their prompt tokens and padding, as `make_preference_batch` builds
+        them (not compared at run time). Only where the model builds its plain program (no
+        mesh or a mesh of one device); elsewhere it changes nothing. The runner turns it on
+        with `train.shared_prompt_forward`.
 
     Examples:
       >>> PreferenceConfig(loss="dpo", beta=0.1, loss_type=("sigmoid", "bco_pair"),
@@ -117,6 +125,7 @@ class PreferenceConfig:
     minibatches: int = 1
     shuffle: bool = True
     chunk_size: int | None = None
+    shared_prompt: bool = False
 
     def __post_init__(self) -> None:
         where = "PreferenceConfig"
@@ -148,6 +157,15 @@ class PreferenceConfig:
         ):
             raise ValueError(
                 f"{where}: `chunk_size` must be >= 1 or null, got {self.chunk_size!r}."
+            )
+        if not isinstance(self.shared_prompt, bool):
+            raise ValueError(
+                f"{where}: `shared_prompt` must be a bool, got {self.shared_prompt!r}."
+            )
+        if self.shared_prompt and not self.paired:
+            raise ValueError(
+                f"{where}: `shared_prompt` needs pairs that share a prompt; loss 'kto' takes "
+                "unpaired examples."
             )
         if self.beta is not None and not self.beta > 0:
             raise ValueError(f"{where}: `beta` must be > 0, got {self.beta!r}.")
@@ -202,6 +220,11 @@ class PreferenceConfig:
                 self.loss, ("kto",) if self.loss == "kto" else ()
             )
         return self.loss_type if isinstance(self.loss_type, tuple) else (self.loss_type,)
+
+    @property
+    def prompt_group_size(self) -> int:
+        """Rows per shared prompt of the log-prob forwards: 2 with `shared_prompt`, else 1."""
+        return 2 if self.shared_prompt else 1
 
     @property
     def paired(self) -> bool:

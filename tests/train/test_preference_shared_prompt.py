@@ -1,0 +1,216 @@
+"""Preference forwards with each pair's prompt run once (`PreferenceConfig.shared_prompt`): the
+same losses, gradients, reference log-probs and updates as the concatenated forward, on one
+device with and without a mesh; the runner turns it on for paired losses."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import losses
+from jaxrl_llm.data import ArithmeticConfig, arithmetic_preference_records
+from jaxrl_llm.models import Decoder
+from jaxrl_llm.train import (
+    OptimConfig,
+    PreferenceBatch,
+    PreferenceConfig,
+    SequenceBatch,
+    init_train_state,
+    interleave_pairs,
+    joint_token_logprobs,
+    make_logprob_fn,
+    make_optimizer,
+    preference_normalizers,
+    preference_objective,
+    prepare_preference_batch,
+    split_models,
+    update_step,
+)
+from sharding import MeshConfig, make_mesh
+from tests.train.helpers import tiny_policy, tree_max_abs_diff
+from tests.train.test_preference import VOCAB, _records_batch
+
+CASES = {
+    "dpo": PreferenceConfig(loss="dpo", beta=0.5),
+    "dpo_ld": PreferenceConfig(loss="dpo", ld_alpha=0.3),
+    "rpo": PreferenceConfig(loss="rpo", beta=0.2, nll_coef=0.5, nll_agg="seq_mean_token_mean"),
+    "simpo": PreferenceConfig(loss="simpo", beta=2.5, gamma=0.7),
+    "cpo": PreferenceConfig(loss="cpo", loss_type="hinge"),
+    "orpo": PreferenceConfig(loss="orpo", beta=0.3, nll_coef=2.0),
+    "bco": PreferenceConfig(loss="bco", beta=0.2),
+}
+
+
+@functools.cache
+def _setup():
+    """A tiny policy and 6 arithmetic pairs (prompts and completions of several lengths, one
+    pair without a rejected token), with reference log-probs and BCO's shift filled in."""
+    graphs, params, frozen = split_models(tiny_policy(7, vocab=VOCAB, layers=2))
+    records = arithmetic_preference_records(ArithmeticConfig(max_digits=3, train_size=6), seed=5)
+    records[2] = {**records[2], "rejected": records[2]["rejected"] * 4}  # a long rejected one
+    batch = jax.tree.map(jnp.asarray, _records_batch(records))
+    batch = batch._replace(  # a padding pair: it leaves the loss and the counts
+        rejected=batch.rejected._replace(
+            completion_mask=batch.rejected.completion_mask.at[4].set(0.0)
+        )
+    )
+    rng = np.random.default_rng(5)
+    batch = batch._replace(
+        ref_chosen_logp=jnp.asarray(-rng.uniform(5, 15, 6), jnp.float32),
+        ref_rejected_logp=jnp.asarray(-rng.uniform(5, 15, 6), jnp.float32),
+        reward_shift=jnp.full((6,), 0.3, jnp.float32),
+    )
+    return graphs, params, frozen, batch
+
+
+def _value_and_grad(config, params, frozen, batch):
+    objective = preference_objective(config, _setup()[0])
+    norms = preference_normalizers(batch)
+
+    def loss(p):
+        return objective.loss(p, frozen, batch, norms, 0.0)
+
+    return jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_loss_metrics_and_gradients_equal_the_concatenated_forward(name):
+    config = CASES[name]
+    _, params, frozen, batch = _setup()
+    (value, metrics), grads = _value_and_grad(config, params, frozen, batch)
+    shared = dataclasses.replace(config, shared_prompt=True)
+    (value_s, metrics_s), grads_s = _value_and_grad(shared, params, frozen, batch)
+    np.testing.assert_allclose(value_s, value, rtol=1e-5, atol=1e-6)
+    assert metrics_s.keys() == metrics.keys()
+    for key in metrics:
+        np.testing.assert_allclose(metrics_s[key], metrics[key], rtol=1e-5, atol=1e-5, err_msg=key)
+    assert tree_max_abs_diff(grads_s, grads) < 2e-5
+    assert max(float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(grads)) > 1e-3
+
+
+def test_the_shared_forward_runs_each_prompt_once(monkeypatch):
+    """The policy's forward goes through `Decoder.shared_prompt_hidden_states` with `G = 2`, on
+    rows interleaved pair by pair (chosen `2n`, rejected `2n + 1`)."""
+    graphs, params, frozen, batch = _setup()
+    calls = []
+    original = Decoder.shared_prompt_hidden_states
+
+    def spy(self, tokens, positions, **kw):
+        calls.append((np.asarray(tokens), kw["group_size"]))
+        return original(self, tokens, positions, **kw)
+
+    monkeypatch.setattr(Decoder, "shared_prompt_hidden_states", spy)
+    objective = preference_objective(PreferenceConfig(loss="dpo", shared_prompt=True), graphs)
+    objective.loss(params, frozen, batch, preference_normalizers(batch), 0.0)  # eager
+    (tokens, group_size), *_ = calls
+    assert group_size == 2
+    joint = interleave_pairs(batch.chosen, batch.rejected)
+    np.testing.assert_array_equal(tokens, np.asarray(joint.tokens))
+    P = tokens.shape[1] - joint.completion_mask.shape[1]
+    np.testing.assert_array_equal(tokens[0::2, :P], tokens[1::2, :P])  # one prompt per pair
+    T_c = batch.chosen.completion_mask.shape[1]
+    np.testing.assert_array_equal(tokens[0::2, P : P + T_c], np.asarray(batch.chosen.tokens)[:, P:])
+
+
+def test_interleave_pairs_pads_to_a_common_length_and_alternates_rows():
+    c = SequenceBatch(jnp.array([[1, 2, 3], [4, 5, 6]]), jnp.ones((2, 3)), jnp.ones((2, 1)))
+    r = SequenceBatch(jnp.array([[1, 2, 7, 8], [4, 5, 9, 9]]), jnp.ones((2, 4)), jnp.ones((2, 2)))
+    joint = interleave_pairs(c, r)
+    assert joint.tokens.tolist() == [[1, 2, 3, 0], [1, 2, 7, 8], [4, 5, 6, 0], [4, 5, 9, 9]]
+    assert joint.completion_mask.tolist() == [[1, 0], [1, 1], [1, 0], [1, 1]]
+
+
+@pytest.mark.parametrize("loss", ["dpo", "bco"])
+def test_prepared_reference_logprobs_and_bco_shift_equal_the_concatenated_forward(loss):
+    graphs, params, frozen, batch = _setup()
+    batch = batch._replace(ref_chosen_logp=None, ref_rejected_logp=None, reward_shift=None)
+    ref = jax.tree.map(lambda x: x * 1.01, params["policy"])
+    out = {}
+    for shared in (False, True):
+        config = PreferenceConfig(loss=loss, shared_prompt=shared)
+        fn = make_logprob_fn(graphs.policy, group_size=config.prompt_group_size)
+        moments = losses.init_running_moments() if loss == "bco" else None
+        out[shared], _ = prepare_preference_batch(
+            config,
+            batch,
+            logprob_fn=fn,
+            policy_params=params["policy"],
+            ref_params=ref,
+            frozen=frozen["policy"],
+            reward_moments=moments,
+        )
+    for field in ("ref_chosen_logp", "ref_rejected_logp", "reward_shift"):
+        plain, shared = getattr(out[False], field), getattr(out[True], field)
+        assert (plain is None) == (loss == "dpo" and field == "reward_shift")
+        if plain is not None:
+            np.testing.assert_allclose(shared, plain, rtol=1e-5, atol=1e-5, err_msg=field)
+    assert float(jnp.min(out[True].ref_chosen_logp)) < -1.0
+
+
+@pytest.mark.parametrize("axis_types", ["auto", "explicit"])
+def test_update_on_a_one_device_mesh_equals_the_concatenated_forward(axis_types):
+    """Two accumulated micro-batches of RPO under `jax.set_mesh` (the runner's setting), with
+    the pairs interleaved inside the program: the same parameters as the concatenated form."""
+    graphs, params, frozen, batch = _setup()
+    mesh = make_mesh(MeshConfig(axis_types=axis_types), devices=jax.devices()[:1])
+    tx = make_optimizer(OptimConfig(name="sgd", learning_rate=0.5, accumulation_steps=2))
+    results = {}
+    for shared in (False, True):
+        config = PreferenceConfig(loss="rpo", beta=0.3, shared_prompt=shared)
+        step = jax.jit(
+            functools.partial(
+                update_step,
+                objective=preference_objective(config, graphs),
+                optimizer=tx,
+                accumulation_steps=2,
+            )
+        )
+        with jax.set_mesh(mesh):
+            state = init_train_state(params, frozen, tx, key=jax.random.key(0))
+            results[shared] = step(state, batch)
+    (plain, m_plain), (ours, m_ours) = results[False], results[True]
+    np.testing.assert_allclose(m_ours["loss/total"], m_plain["loss/total"], rtol=1e-5)
+    assert tree_max_abs_diff(ours.params, plain.params) < 1e-5
+    assert tree_max_abs_diff(ours.params, params) > 1e-4
+
+
+def test_joint_logprobs_keep_the_concatenated_layout_without_shared_prompt():
+    c = SequenceBatch(jnp.array([[1, 2, 3]]), jnp.ones((1, 3)), jnp.ones((1, 2)))
+    r = SequenceBatch(jnp.array([[1, 5, 6]]), jnp.ones((1, 3)), jnp.ones((1, 2)))
+    seen = []
+
+    def fn(p, f, s):
+        seen.append(s.tokens.tolist())
+        return s.tokens[:, -2:].astype(jnp.float32)
+
+    lp_c, lp_r = joint_token_logprobs(fn, None, None, PreferenceBatch(c, r))
+    assert seen == [[[1, 2, 3], [1, 5, 6]]]
+    assert lp_c.tolist() == [[2.0, 3.0]] and lp_r.tolist() == [[5.0, 6.0]]
+
+
+def test_kto_has_no_pair_to_share_a_prompt_with():
+    with pytest.raises(ValueError, match="`shared_prompt` needs pairs that share a prompt"):
+        PreferenceConfig(loss="kto", shared_prompt=True)
+    with pytest.raises(ValueError, match="`shared_prompt` must be a bool, got 1"):
+        PreferenceConfig(shared_prompt=1)
+
+
+def test_the_runner_turns_it_on_for_paired_losses_with_shared_prompt_forward():
+    from jaxrl_llm.runner.config import ModelSection, RunConfig, TrainConfig
+
+    def run_config(loss, **train):
+        return RunConfig(
+            model=ModelSection(checkpoint="/m"),
+            preference=PreferenceConfig(loss=loss),
+            train=TrainConfig(**train),
+        )
+
+    assert run_config("dpo").preference.shared_prompt
+    assert run_config("simpo").objective.shared_prompt
+    assert not run_config("kto").preference.shared_prompt
+    assert not run_config("dpo", shared_prompt_forward=False).preference.shared_prompt

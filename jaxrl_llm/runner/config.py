@@ -270,8 +270,9 @@ class TrainConfig:
         and one micro-batch, `parallel: jit`) the update run each prompt once per layer for
         its `G` samples (`Decoder.shared_prompt_hidden_states`; the same log-probs and
         gradients up to float rounding; `runner.prompt_group_size`). Paired preference runs
-        (every loss but KTO): turns on `preference.shared_prompt`, each pair's prompt once
-        per layer for its chosen and rejected completions.
+        (every loss but KTO) and reward-model runs: turns on `preference.shared_prompt` /
+        `reward_model.shared_prompt`, each pair's prompt once per layer for its chosen and
+        rejected completions.
       reference_sync: move the reference toward the policy every few steps
         (`ReferenceSyncConfig`; None: the reference stays the initial policy).
 
@@ -448,10 +449,12 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         _validate(self)
-        pref = self.preference
+        # the runner's pairs share their prompt by construction (`make_preference_batch`)
+        pref, rm = self.preference, self.reward_model
         if self.train.shared_prompt_forward and pref is not None and pref.paired:
-            # the runner's pairs share their prompt by construction (`make_preference_batch`)
             object.__setattr__(self, "preference", dataclasses.replace(pref, shared_prompt=True))
+        if self.train.shared_prompt_forward and rm is not None:
+            object.__setattr__(self, "reward_model", dataclasses.replace(rm, shared_prompt=True))
 
     @property
     def kind(self) -> str:

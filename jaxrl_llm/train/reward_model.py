@@ -32,7 +32,8 @@ from flax import nnx
 import losses
 from jaxrl_llm.config import ConfigError
 from jaxrl_llm.models import ValueModel, positions_from_mask
-from jaxrl_llm.train.batch import Normalizers, SequenceBatch
+from jaxrl_llm.models._sharded_ops import plain_layout
+from jaxrl_llm.train.batch import Normalizers, SequenceBatch, prompt_length
 from jaxrl_llm.train.objectives import Objective
 from jaxrl_llm.train.params import ModelGraphs
 from jaxrl_llm.train.preference import (
@@ -40,6 +41,7 @@ from jaxrl_llm.train.preference import (
     _offline_examples,
     _offline_steps,
     concat_sequences,
+    interleave_pairs,
     pair_valid,
     preference_normalizers,
 )
@@ -55,6 +57,10 @@ class RewardModelConfig:
       epochs: passes over each batch.
       minibatches: optimizer updates per epoch.
       shuffle: reshuffle the pairs every epoch.
+      shared_prompt: each pair's prompt runs once per layer for both completions (as
+        `PreferenceConfig.shared_prompt`: chosen and rejected must share their prompt tokens
+        and padding, as `make_preference_batch` builds them; the runner turns it on with
+        `train.shared_prompt_forward`).
 
     Examples:
       >>> RewardModelConfig(center_coef=0.01).margin
@@ -70,8 +76,13 @@ class RewardModelConfig:
     epochs: int = 1
     minibatches: int = 1
     shuffle: bool = True
+    shared_prompt: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.shared_prompt, bool):
+            raise ConfigError(
+                f"RewardModelConfig: `shared_prompt` must be a bool, got {self.shared_prompt!r}."
+            )
         for key in ("epochs", "minibatches"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -85,8 +96,14 @@ class RewardModelConfig:
             )
 
 
-def sequence_scores(model: ValueModel, sequences: SequenceBatch) -> jax.Array:
+def sequence_scores(
+    model: ValueModel, sequences: SequenceBatch, *, group_size: int = 1
+) -> jax.Array:
     """`[N]` float32: each row's value at its last real token (attention mask 1).
+
+    `group_size = G > 1`: the rows come in groups of `G` consecutive rows with the same prompt
+    (tokens and padding), and each prompt runs once per layer
+    (`Decoder.shared_prompt_hidden_states`; the same scores up to float rounding).
 
     Examples:
       >>> from jaxrl_llm.models import ModelConfig
@@ -101,7 +118,18 @@ def sequence_scores(model: ValueModel, sequences: SequenceBatch) -> jax.Array:
       (True, True)
     """
     mask = jnp.asarray(sequences.attention_mask)
-    values = model(sequences.tokens, positions_from_mask(mask), attention_mask=mask)
+    positions = positions_from_mask(mask)
+    if group_size == 1:
+        values = model(sequences.tokens, positions, attention_mask=mask)
+    else:
+        hidden = model.backbone.shared_prompt_hidden_states(
+            sequences.tokens,
+            positions,
+            attention_mask=mask,
+            prompt_length=prompt_length(sequences),
+            group_size=group_size,
+        )
+        values = model.head(hidden)
     S = mask.shape[1]
     last = S - 1 - jnp.argmax(jnp.flip(mask > 0, axis=1), axis=1)
     return jnp.take_along_axis(values, last[:, None], axis=1)[:, 0].astype(jnp.float32)
@@ -138,8 +166,10 @@ def reward_model_loss(
 
 def reward_model_objective(config: RewardModelConfig, graphs: ModelGraphs) -> Objective:
     """The objective of a reward model over `PreferenceBatch`es: one forward scores the chosen
-    and rejected sequences together (`concat_sequences`), then `reward_model_loss`. The reward
-    model is split as the "policy" entry of `split_models` (`graphs.policy`).
+    and rejected sequences together (`concat_sequences`; with `config.shared_prompt`, where the
+    model builds its plain program, the pairs interleaved and each prompt run once), then
+    `reward_model_loss`. The reward model is split as the "policy" entry of `split_models`
+    (`graphs.policy`).
 
     Examples:
       >>> obj = reward_model_objective(RewardModelConfig(), ModelGraphs(policy=None))
@@ -152,9 +182,16 @@ def reward_model_objective(config: RewardModelConfig, graphs: ModelGraphs) -> Ob
     ) -> tuple[jax.Array, dict[str, jax.Array]]:
         del kl_coef
         model = nnx.merge(graphs.policy, params["policy"], frozen["policy"])
-        scores = sequence_scores(model, concat_sequences(batch.chosen, batch.rejected))
-        N = batch.chosen.tokens.shape[0]
-        return reward_model_loss(config, scores[:N], scores[N:], pair_valid(batch), norms)
+        if config.shared_prompt and plain_layout():  # pair n in rows 2n (chosen), 2n + 1
+            scores = sequence_scores(
+                model, interleave_pairs(batch.chosen, batch.rejected), group_size=2
+            )
+            chosen, rejected = scores[0::2], scores[1::2]
+        else:
+            scores = sequence_scores(model, concat_sequences(batch.chosen, batch.rejected))
+            N = batch.chosen.tokens.shape[0]
+            chosen, rejected = scores[:N], scores[N:]
+        return reward_model_loss(config, chosen, rejected, pair_valid(batch), norms)
 
     def check(batch: PreferenceBatch, updates_per_step: int) -> None:
         del updates_per_step

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 import losses
 from jaxrl_llm.data import ArithmeticConfig, arithmetic_preference_records
@@ -214,3 +215,60 @@ def test_the_runner_turns_it_on_for_paired_losses_with_shared_prompt_forward():
     assert run_config("simpo").objective.shared_prompt
     assert not run_config("kto").preference.shared_prompt
     assert not run_config("dpo", shared_prompt_forward=False).preference.shared_prompt
+
+
+# ---------------------------------------------------------------- reward models
+
+
+def test_reward_model_loss_and_gradients_equal_the_concatenated_forward():
+    """Bradley-Terry with the centring term; the padding pair's empty rejected completion is
+    scored at its prompt's last token in both forms."""
+    from jaxrl_llm.models import ValueModel
+    from jaxrl_llm.train import RewardModelConfig, reward_model_objective, sequence_scores
+    from tests.rewards.test_reward_model import CFG
+
+    *_, batch = _setup()
+    graphs, params, frozen = split_models(ValueModel(CFG, rngs=nnx.Rngs(3)))
+    out = {}
+    for shared in (False, True):
+        config = RewardModelConfig(center_coef=0.1, shared_prompt=shared)
+        objective = reward_model_objective(config, graphs)
+        norms = preference_normalizers(batch)
+
+        def loss(p, objective=objective, norms=norms):
+            return objective.loss(p, frozen, batch, norms, 0.0)
+
+        out[shared] = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+    ((value, metrics), grads), ((value_s, metrics_s), grads_s) = out[False], out[True]
+    np.testing.assert_allclose(value_s, value, rtol=1e-5, atol=1e-6)
+    for key in metrics:
+        np.testing.assert_allclose(metrics_s[key], metrics[key], rtol=1e-5, atol=1e-5, err_msg=key)
+    assert tree_max_abs_diff(grads_s, grads) < 2e-5
+    assert max(float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(grads)) > 1e-3
+    model = nnx.merge(graphs.policy, params["policy"], frozen["policy"])
+    joint = interleave_pairs(
+        batch.chosen,
+        batch.rejected._replace(
+            attention_mask=batch.rejected.attention_mask.at[
+                4, -batch.rejected.completion_mask.shape[1] :
+            ].set(0)
+        ),
+    )
+    np.testing.assert_allclose(
+        sequence_scores(model, joint, group_size=2), sequence_scores(model, joint), atol=1e-5
+    )
+
+
+def test_the_runner_shares_reward_model_prompts_with_shared_prompt_forward():
+    from jaxrl_llm.runner.config import ModelSection, RunConfig, TrainConfig
+    from jaxrl_llm.train import RewardModelConfig
+
+    def run_config(**train):
+        return RunConfig(
+            model=ModelSection(checkpoint="/m"),
+            reward_model=RewardModelConfig(),
+            train=TrainConfig(**train),
+        )
+
+    assert run_config().reward_model.shared_prompt
+    assert not run_config(shared_prompt_forward=False).reward_model.shared_prompt

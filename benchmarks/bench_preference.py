@@ -1,5 +1,6 @@
-"""DPO's update step and reference forward with each pair's prompt run once, against the
-concatenated forward (`PreferenceConfig.shared_prompt`).
+"""DPO's update step and reference forward, and a reward model's update step, with each
+pair's prompt run once, against the concatenated forward (`PreferenceConfig.shared_prompt`,
+`RewardModelConfig.shared_prompt`).
 
 Run with `python -m benchmarks.bench_preference [--out FILE.json] [--repeat 7] [--quick]`.
 Never part of the test suite's pass/fail.
@@ -11,7 +12,8 @@ AdamW 1e-3 with clipping at 1 (`train.make_update_step`), and the reference log-
 `prepare_preference_batch` computes before it. Each case is compiled and timed with
 `shared_prompt` off (chosen and rejected rows concatenated: `2·(P + T)` token rows per pair)
 and on (`P + 2·T`), in one process, the two forms alternating call by call; the table reports
-the median of `--repeat` calls of each.
+the median of `--repeat` calls of each. The reward-model case trains a `ValueModel` of the
+same shape with Bradley-Terry (`train.reward_model_objective`) on the same pairs.
 """
 
 from __future__ import annotations
@@ -28,11 +30,12 @@ import jax.numpy as jnp
 from flax import nnx
 
 from benchmarks.workloads import MODELS, load_average, machine
-from jaxrl_llm.models import Decoder
+from jaxrl_llm.models import Decoder, ValueModel
 from jaxrl_llm.train import (
     OptimConfig,
     PreferenceBatch,
     PreferenceConfig,
+    RewardModelConfig,
     SequenceBatch,
     init_train_state,
     make_logprob_fn,
@@ -40,15 +43,17 @@ from jaxrl_llm.train import (
     make_update_step,
     preference_objective,
     prepare_preference_batch,
+    reward_model_objective,
     split_models,
 )
 
-CASES = [  # (model, pairs, prompt length P, completion length T)
-    ("small", 8, 64, 64),
-    ("small", 8, 128, 32),
-    ("small", 16, 32, 32),
+CASES = [  # (model, pairs, prompt length P, completion length T, objective)
+    ("small", 8, 64, 64, "dpo"),
+    ("small", 8, 128, 32, "dpo"),
+    ("small", 16, 32, 32, "dpo"),
+    ("small", 8, 64, 64, "reward_model"),
 ]
-QUICK = [("tiny", 8, 32, 16)]
+QUICK = [("tiny", 8, 32, 16, "dpo"), ("tiny", 8, 32, 16, "reward_model")]
 OPTIM = OptimConfig(name="adamw", learning_rate=1e-3, max_grad_norm=1.0)
 
 
@@ -65,13 +70,20 @@ def pairs(vocab: int, N: int, P: int, T: int) -> PreferenceBatch:
     return PreferenceBatch(chosen=side(1), rejected=side(2))
 
 
-def programs(size: str, batch: PreferenceBatch, shared: bool) -> dict[str, Any]:
-    """The compiled reference forward and update step of one form, with their inputs."""
+def programs(size: str, objective: str, batch: PreferenceBatch, shared: bool) -> dict[str, Any]:
+    """The compiled update step of one form (DPO: and the reference forward), with inputs."""
     cfg = MODELS[size].model_config()
+    tx = make_optimizer(OPTIM)
+    if objective == "reward_model":
+        graphs, params, frozen = split_models(ValueModel(cfg, rngs=nnx.Rngs(0)))
+        state = init_train_state(params, frozen, tx, key=jax.random.key(0))
+        started = time.perf_counter()
+        rm = reward_model_objective(RewardModelConfig(shared_prompt=shared), graphs)
+        update = jax.jit(make_update_step(rm, tx)).lower(state, batch).compile()
+        return {"update": (update, (state, batch)), "compile_s": time.perf_counter() - started}
     graphs, params, frozen = split_models(Decoder(cfg, rngs=nnx.Rngs(0)))
     config = PreferenceConfig(loss="dpo", beta=0.1, shared_prompt=shared)
     logprob_fn = make_logprob_fn(graphs.policy, group_size=config.prompt_group_size)
-    tx = make_optimizer(OPTIM)
     state = init_train_state(params, frozen, tx, key=jax.random.key(0))
 
     def prepare(policy: Any, frozen_policy: Any, batch: PreferenceBatch) -> PreferenceBatch:
@@ -105,17 +117,20 @@ def _time(fn: Any, args: tuple) -> float:
     return time.perf_counter() - started
 
 
-def measure(size: str, N: int, P: int, T: int, repeat: int) -> dict:
+def measure(size: str, N: int, P: int, T: int, repeat: int, objective: str = "dpo") -> dict:
+    """Both forms of one case, alternating call by call; medians after a warm-up round."""
     batch = pairs(MODELS[size].vocab_size, N, P, T)
-    forms = {shared: programs(size, batch, shared) for shared in (False, True)}
+    forms = {shared: programs(size, objective, batch, shared) for shared in (False, True)}
+    parts = [p for p in ("reference", "update") if p in forms[False]]
     times: dict[tuple[bool, str], list[float]] = {}
     for _ in range(repeat + 1):  # the first round warms up
         for shared, progs in forms.items():
-            for part in ("reference", "update"):
+            for part in parts:
                 fn, args = progs[part]
                 times.setdefault((shared, part), []).append(_time(fn, args))
     median = {k: statistics.median(v[1:]) for k, v in times.items()}
     row = {
+        "objective": objective,
         "model": size,
         "pairs": N,
         "prompt_len": P,
@@ -124,12 +139,9 @@ def measure(size: str, N: int, P: int, T: int, repeat: int) -> dict:
         "load_avg_1min": round(load_average(), 2),
     }
     for shared, name in ((False, "concatenated"), (True, "shared_prompt")):
-        row[name] = {
-            "update_s": round(median[(shared, "update")], 4),
-            "reference_s": round(median[(shared, "reference")], 4),
-            "compile_s": round(forms[shared]["compile_s"], 2),
-        }
-    for part in ("update", "reference"):
+        row[name] = {f"{part}_s": round(median[(shared, part)], 4) for part in parts}
+        row[name]["compile_s"] = round(forms[shared]["compile_s"], 2)
+    for part in parts:
         row[f"{part}_speedup"] = round(median[(False, part)] / median[(True, part)], 2)
     return row
 
@@ -142,7 +154,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     results = []
     for case in QUICK if args.quick else CASES:
-        row = measure(*case, args.repeat)
+        *shape, objective = case
+        row = measure(*shape, args.repeat, objective)
         print(json.dumps(row), flush=True)
         results.append(row)
     if args.out:

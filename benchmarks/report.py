@@ -364,24 +364,29 @@ def preference_table(results: pathlib.Path) -> list[str]:
         return []
     rows = json.loads(path.read_text())["results"]
     lines = [
-        "### DPO with each pair's prompt once (`benchmarks/bench_preference.py`)",
+        "### Each pair's prompt once (`benchmarks/bench_preference.py`)",
         "",
-        "One offline DPO step (β = 0.1, AdamW): the update step and the reference forward, "
-        "chosen and rejected rows concatenated against each pair's prompt run once "
-        "(`preference.shared_prompt`), median seconds per call in one process.",
+        "One offline DPO step (β = 0.1, AdamW: the update step and the reference forward) and "
+        "one reward-model update (Bradley-Terry), chosen and rejected rows concatenated against "
+        "each pair's prompt run once (`shared_prompt`), median seconds per call in one process.",
         "",
-        "| model | pairs × P + T | token rows | update s | reference s | update speed-up | "
-        "reference speed-up | compile s |",
-        "|---|---|---|---|---|---|---|---|",
+        "| objective | model | pairs × P + T | token rows | update s | reference s | "
+        "update speed-up | reference speed-up | compile s |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         plain, shared = r["concatenated"], r["shared_prompt"]
+        reference = (
+            f"{plain['reference_s']} → {shared['reference_s']}" if "reference_s" in plain else "—"
+        )
         lines.append(
-            f"| {r['model']} | {r['pairs']} × {r['prompt_len']} + {r['completion_len']} | "
+            f"| {r.get('objective', 'dpo')} | {r['model']} | {r['pairs']} × {r['prompt_len']} + "
+            f"{r['completion_len']} | "
             f"{r['token_rows']['concatenated']} → {r['token_rows']['shared_prompt']} | "
-            f"{plain['update_s']} → {shared['update_s']} | "
-            f"{plain['reference_s']} → {shared['reference_s']} | {r['update_speedup']}× | "
-            f"{r['reference_speedup']}× | {plain['compile_s']} → {shared['compile_s']} |"
+            f"{plain['update_s']} → {shared['update_s']} | {reference} | "
+            f"{r['update_speedup']}× | "
+            f"{str(r['reference_speedup']) + '×' if 'reference_speedup' in r else '—'} | "
+            f"{plain['compile_s']} → {shared['compile_s']} |"
         )
     return lines
 

@@ -56,9 +56,12 @@ def test_the_preference_benchmark_measures_both_forms(tmp_path):
     assert row["token_rows"] == {"concatenated": 36, "shared_prompt": 24}
     for form in ("concatenated", "shared_prompt"):
         assert row[form]["update_s"] > 0 and row[form]["reference_s"] > 0
-    (tmp_path / "preference_cpu.json").write_text(json.dumps({"results": [row]}))
+    rm = bench_preference.measure("tiny", 2, 6, 3, repeat=1, objective="reward_model")
+    assert rm["shared_prompt"]["update_s"] > 0 and "reference_s" not in rm["shared_prompt"]
+    (tmp_path / "preference_cpu.json").write_text(json.dumps({"results": [row, rm]}))
     table = report.preference_table(tmp_path)
-    assert table[0].startswith("### DPO with each pair's prompt once") and len(table) == 7
+    assert table[0].startswith("### Each pair's prompt once") and len(table) == 8
+    assert table[-1].startswith("| reward_model | tiny | 2 × 6 + 3 |") and "| — |" in table[-1]
 
 
 def test_the_gpu_benchmark_arithmetic_and_its_report(tmp_path):

@@ -91,6 +91,7 @@ from jaxrl_llm.runner.rollout import (
     forward_in_row_groups,
     in_graph_stop_ids,
     run_rollout,
+    sampler_old_logprobs,
 )
 from jaxrl_llm.runner.scoring import (
     Scores,
@@ -199,6 +200,7 @@ __all__ = [
     "run_rollout",
     "run_tokenizer",
     "run_training",
+    "sampler_old_logprobs",
     "sft_batch",
     "task_arrays",
     "train",

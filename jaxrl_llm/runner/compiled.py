@@ -66,7 +66,7 @@ from jaxrl_llm.runner.programs import (
     rollout_program,
     value_program,
 )
-from jaxrl_llm.runner.rollout import in_graph_stop_ids
+from jaxrl_llm.runner.rollout import in_graph_stop_ids, sampler_old_logprobs
 from jaxrl_llm.train import (
     AlgorithmConfig,
     ModelGraphs,
@@ -238,7 +238,11 @@ def _update_batch(spec: _Spec) -> Callable[..., Any]:
             attention_mask=out.attention_mask.astype(jnp.int32),
             completion_mask=out.completion_mask.astype(jnp.float32),
         )
-        old = logprob(policy, frozen, seqs) if alg.needs_old_logprobs else None
+        old = None
+        if alg.needs_old_logprobs and alg.old_logprobs == "sampler":
+            old = sampler_old_logprobs(seqs, out.logprobs)
+        elif alg.needs_old_logprobs:
+            old = logprob(policy, frozen, seqs)
         ref = logprob(reference, frozen, seqs) if alg.needs_reference and not ref_after else None
         values = values_of(state.params, state.frozen, seqs) if values_of is not None else None
         batch, metrics = advantages(

@@ -74,7 +74,7 @@ from jaxrl_llm.runner.programs import (
     reference_sync_program,
     value_program,
 )
-from jaxrl_llm.runner.rollout import collect, forward_in_row_groups
+from jaxrl_llm.runner.rollout import collect, forward_in_row_groups, sampler_old_logprobs
 from jaxrl_llm.runner.setup import PreparedRun, prepare_run
 from jaxrl_llm.runner.signals import GracefulStop
 from jaxrl_llm.runner.task import packed_sft_batch, packing_row_unit, sft_batch
@@ -115,11 +115,11 @@ def _rl_step(
             alg, advantage=dataclasses.replace(alg.advantage, scale="none")
         )
     with jax.set_mesh(ctx.mesh):
-        old = (
-            forward_in_row_groups(ctx, logprob, policy_params, policy_frozen, seqs)
-            if alg.needs_old_logprobs
-            else None
-        )
+        old = None
+        if alg.needs_old_logprobs and alg.old_logprobs == "sampler":
+            old = sampler_old_logprobs(seqs, collected.logprobs)
+        elif alg.needs_old_logprobs:
+            old = forward_in_row_groups(ctx, logprob, policy_params, policy_frozen, seqs)
         G = ctx.sampling.num_samples
         ref_after = keeps_row_subset(alg, G)  # online DPO's reference: the kept rows only
         ref = (

@@ -60,6 +60,8 @@ class Collected(NamedTuple):
       signal: `[N]` float32 the advantage estimator's input (`scoring`).
       scores: the host `Scores` of the selected rows.
       metrics: reward, response, dynamic-sampling and timing metrics.
+      logprobs: `[N,T]` the sampler's unfiltered log-probs at τ (`Rollout.logprobs`), the old
+        policy's with `algorithm.old_logprobs: sampler` (`sampler_old_logprobs`).
 
     Examples:
       >>> Collected(None, None, None, None, {"reward/mean": 0.5}).metrics["reward/mean"]
@@ -71,6 +73,19 @@ class Collected(NamedTuple):
     signal: jax.Array
     scores: Scores
     metrics: dict[str, float]
+    logprobs: jax.Array | None = None
+
+
+def sampler_old_logprobs(sequences: SequenceBatch, logprobs: jax.Array) -> jax.Array:
+    """The old policy's token log-probs `[N,T]` from the sampler's (`algorithm.old_logprobs:
+    sampler`): its unfiltered log-probs at τ, 0 outside the completion mask as a forward's.
+
+    Examples:
+      >>> s = SequenceBatch(jnp.ones((1, 3), jnp.int32), jnp.ones((1, 3)), jnp.array([[1.0, 0.0]]))
+      >>> sampler_old_logprobs(s, jnp.array([[-0.5, -2.0]])).tolist()
+      [[-0.5, 0.0]]
+    """
+    return jnp.where(sequences.completion_mask > 0, logprobs.astype(jnp.float32), 0.0)
 
 
 def in_graph_stop_ids(config: Any, tokenizer: Any) -> tuple[int, ...] | None:
@@ -314,5 +329,6 @@ def collect(
         signal=jnp.asarray(scores.signal, jnp.float32),
         scores=scores,
         metrics=metrics,
+        logprobs=rollout.logprobs,
     )
     return collected, data

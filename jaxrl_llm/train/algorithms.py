@@ -383,6 +383,14 @@ class AlgorithmConfig:
         (`train.shared_prompt_forward`) under any number of minibatches and micro-batches,
         and the step's prompts must split into them.
       chunk_size: positions per vocabulary chunk of the log-prob forward (None: all at once).
+      old_logprobs: where the batch's old (sampling) policy log-probs come from when the
+        algorithm reads them (`needs_old_logprobs`: an update that reuses its batch, or a KL
+        in the reward): "forward" (default: a forward of the policy over the rollout before
+        the update) or "sampler" (the sampler's own log-probs of the tokens it drew,
+        unfiltered at the temperature τ: the same policy and parameters, so equal to the
+        forward's up to float rounding, and one forward per step fewer; verl's and slime's
+        rollout log-probs without recomputation). Keep "forward" where the sampler's
+        numerics differ from training by more than rounding (another dtype or engine).
 
     Examples:
       >>> cfg = AlgorithmConfig(advantage=AdvantageConfig(estimator="gae", lam=0.95),
@@ -408,6 +416,7 @@ class AlgorithmConfig:
     shuffle: bool = True
     minibatch_unit: Literal["row", "prompt"] = "row"
     chunk_size: int | None = None
+    old_logprobs: Literal["forward", "sampler"] = "forward"
 
     def __post_init__(self) -> None:
         where = "AlgorithmConfig"
@@ -442,6 +451,11 @@ class AlgorithmConfig:
         if self.chunk_size is not None and self.chunk_size < 1:
             raise ValueError(
                 f"{where}: `chunk_size` must be >= 1 or null, got {self.chunk_size!r}."
+            )
+        if self.old_logprobs not in ("forward", "sampler"):
+            raise ValueError(
+                f"{where}: `old_logprobs` must be 'forward' or 'sampler', got "
+                f"{self.old_logprobs!r}."
             )
         if self.policy_loss.name == "online_dpo":
             self._check_online_dpo(where)

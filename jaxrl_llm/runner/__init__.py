@@ -73,6 +73,7 @@ from jaxrl_llm.runner.preference import (
     evaluate_preference,
     load_preference_eval_examples,
     load_preference_examples,
+    precompute_reference,
 )
 from jaxrl_llm.runner.programs import (
     advantage_program,
@@ -188,6 +189,7 @@ __all__ = [
     "parse_fault",
     "parse_override",
     "pass_at_k",
+    "precompute_reference",
     "prepare_run",
     "process_groups",
     "prompt_batch",

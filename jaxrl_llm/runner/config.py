@@ -558,6 +558,11 @@ def _validate_reference_sync(cfg: RunConfig) -> None:
             "algorithm.kl.mode 'loss' or 'reward', online DPO, or a preference loss with "
             "reference log-probs has one); remove it."
         )
+    if cfg.preference is not None and cfg.preference.precompute_reference:
+        raise ConfigError(
+            "train.reference_sync: the reference moves during the run, so its log-probs "
+            "cannot be computed once before it (preference.precompute_reference); remove one."
+        )
     adapters = cfg.model.lora is not None or cfg.model.lora_adapter is not None
     if adapters and sync.alpha != 1.0:
         raise ConfigError(

@@ -36,6 +36,9 @@ class RunContext(NamedTuple):
       preference_examples: the tokenized preference examples (`preference:` runs), else None.
       preference_eval_examples: the held-out preference examples scored at each evaluation
         (whole batches; `preference:` runs), else None.
+      reference_logprobs: with `preference.precompute_reference`, the reference's sequence
+        log-probs of every example, `{"train": (chosen[n], rejected[n]), "eval": ...}` in the
+        order of the example lists (`runner.preference.precompute_reference`); else None.
 
     Examples:
       >>> RunContext(*([None] * 10)).run_dir is None
@@ -54,6 +57,7 @@ class RunContext(NamedTuple):
     run_dir: pathlib.Path
     preference_examples: list[Any] | None = None
     preference_eval_examples: list[Any] | None = None
+    reference_logprobs: dict[str, Any] | None = None
 
 
 def reference_policy(ctx: RunContext, state: Any) -> Any:

@@ -27,6 +27,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxrl_llm.data import (
     IteratorState,
@@ -38,8 +39,12 @@ from jaxrl_llm.data import (
 )
 from jaxrl_llm.runner.config import RunConfig
 from jaxrl_llm.runner.context import RunContext, reference_policy
-from jaxrl_llm.runner.programs import preference_eval_program, preference_prepare_program
-from jaxrl_llm.train import PreferenceBatch, TrainState
+from jaxrl_llm.runner.programs import (
+    logprob_program,
+    preference_eval_program,
+    preference_prepare_program,
+)
+from jaxrl_llm.train import PreferenceBatch, TrainState, precompute_reference_logprobs
 from jaxrl_llm.train.shardings import batch_sharding
 from sharding import fetch_global
 
@@ -119,16 +124,53 @@ def load_preference_eval_examples(config: RunConfig, tokenizer: Any) -> list[Any
     return examples[: len(examples) // B * B]
 
 
+def precompute_reference(
+    config: RunConfig,
+    graphs: Any,
+    reference: Any,
+    frozen: Any,
+    mesh: Any,
+    examples: dict[str, list[Any]],
+    pad_id: int,
+) -> dict[str, Any]:
+    """`RunContext.reference_logprobs`: the reference's sequence log-probs of the train and
+    eval examples (`preference.precompute_reference`), in batches of `train.prompts_per_step`
+    on the run's mesh (`jaxrl_llm.train.precompute_reference_logprobs`)."""
+    pref = config.preference
+    logprob_fn = logprob_program(graphs.policy, 1.0, pref.chunk_size, pref.prompt_group_size)
+    tables = {}
+    with jax.set_mesh(mesh):
+        for split, items in examples.items():
+            tables[split] = precompute_reference_logprobs(
+                pref,
+                items,
+                logprob_fn=logprob_fn,
+                ref_params=reference,
+                frozen=frozen,
+                pad_id=pad_id,
+                data_config=config.preference_data,
+                batch_size=config.train.prompts_per_step,
+                place=lambda b: jax.device_put(b, batch_sharding(mesh)),
+            )
+    return tables
+
+
 def _prepared_batch(
-    ctx: RunContext, state: TrainState, examples: list[Any]
+    ctx: RunContext,
+    state: TrainState,
+    examples: list[Any],
+    references: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> tuple[PreferenceBatch, Any]:
     """The bucketed batch of `examples` with its reference quantities (reference log-probs,
     KTO's reference point, BCO's shift), rows over the batch axes; and BCO's moments after it
-    (None for the other losses). Call under the run's mesh."""
+    (None for the other losses). `references`: the examples' precomputed reference log-probs
+    (`preference.precompute_reference`). Call under the run's mesh."""
     config = ctx.config
     batch = make_preference_batch(
         examples, pad_id=ctx.tokenizer.pad_id, config=config.preference_data
     )
+    if references is not None:
+        batch = batch._replace(ref_chosen_logp=references[0], ref_rejected_logp=references[1])
     batch = jax.device_put(batch, batch_sharding(ctx.mesh))
     if config.preference is None:  # a reward model: the pairs alone
         return batch, None
@@ -136,7 +178,7 @@ def _prepared_batch(
     batch, moments = prepare(
         batch,
         state.params["policy"],
-        reference_policy(ctx, state),
+        None if references is not None else reference_policy(ctx, state),
         state.frozen["policy"],
         state.reward_moments,
     )
@@ -161,8 +203,9 @@ def _preference_step(
     )
     chosen = [examples[i] for i in indices]
     tokens = float(sum(len(e.chosen) + len(e.rejected or ()) for e in chosen))
+    references = _table_rows(ctx, "train", np.asarray(indices))
     with jax.set_mesh(ctx.mesh):
-        batch, moments = _prepared_batch(ctx, state, chosen)
+        batch, moments = _prepared_batch(ctx, state, chosen, references)
         state = state._replace(reward_moments=moments)  # BCO's shift δ: checkpointed with it
         update_start = time.perf_counter()
         state, metrics = ctx.update(state, batch)
@@ -177,6 +220,16 @@ def _preference_step(
         }
     )
     return state, data, metrics
+
+
+def _table_rows(
+    ctx: RunContext, split: str, rows: np.ndarray
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """The precomputed reference log-probs of `rows` of a split, or None without a table."""
+    if ctx.reference_logprobs is None:
+        return None
+    chosen, rejected = ctx.reference_logprobs[split]
+    return chosen[rows], rejected[rows]
 
 
 def evaluate_preference(ctx: RunContext, state: TrainState) -> dict[str, float]:
@@ -199,7 +252,10 @@ def evaluate_preference(ctx: RunContext, state: TrainState) -> dict[str, float]:
     sums: dict[str, float] = {}
     with jax.set_mesh(ctx.mesh):
         for first in range(0, len(examples), B):
-            batch, _ = _prepared_batch(ctx, state, examples[first : first + B])
+            rows = np.arange(first, first + B)
+            batch, _ = _prepared_batch(
+                ctx, state, examples[first : first + B], _table_rows(ctx, "eval", rows)
+            )
             if state.reward_moments is not None:  # BCO: the shift training reached
                 shift = jnp.full_like(batch.reward_shift, state.reward_moments.mean)
                 batch = batch._replace(reward_shift=shift)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import pathlib
+import time
 from typing import Any, NamedTuple
 
 import jax
@@ -34,7 +35,11 @@ from jaxrl_llm.runner.config import RunConfig, check_devices, config_to_dict
 from jaxrl_llm.runner.context import RunContext
 from jaxrl_llm.runner.health import SkipTracker
 from jaxrl_llm.runner.models import build_critic, build_policy, check_vocabulary, run_tokenizer
-from jaxrl_llm.runner.preference import load_preference_eval_examples, load_preference_examples
+from jaxrl_llm.runner.preference import (
+    load_preference_eval_examples,
+    load_preference_examples,
+    precompute_reference,
+)
 from jaxrl_llm.runner.programs import prompt_group_size, update_program
 from jaxrl_llm.runner.task import load_task
 from jaxrl_llm.runner.warm_start import warm_start_policy
@@ -353,6 +358,15 @@ def build_context(
         pref_info["data/preference_eval_examples"] = len(preference_eval_examples)
         info.update(pref_info)
     reference = reference_params(params) if config.uses_reference else None
+    reference_logprobs = None
+    if config.preference is not None and config.preference.precompute_reference:
+        started = time.perf_counter()
+        splits = {"train": preference_examples, "eval": preference_eval_examples}
+        reference_logprobs = precompute_reference(
+            config, graphs, reference, frozen["policy"], mesh, splits, tokenizer.pad_id
+        )
+        reference = None  # the table replaces the reference's parameters
+        info["time/precompute_reference_s"] = time.perf_counter() - started
     synced = config.train.reference_sync is not None
     optimizer = make_optimizer(config.optim)
     controller_state = kl_controller(algorithm.kl).init() if algorithm is not None else None
@@ -394,5 +408,6 @@ def build_context(
         run_dir=run_dir,
         preference_examples=preference_examples,
         preference_eval_examples=preference_eval_examples,
+        reference_logprobs=reference_logprobs,
     )
     return context, state, info

@@ -59,6 +59,7 @@ from jaxrl_llm.train.preference_config import (
     _dpo_keywords,
     _set,
 )
+from sharding import fetch_global
 
 
 class PreferenceBatch(NamedTuple):
@@ -611,6 +612,95 @@ def reference_logprobs(
     return losses.sequence_logprob(lp_c, m_c), losses.sequence_logprob(lp_r, m_r)
 
 
+def precompute_reference_logprobs(
+    config: PreferenceConfig,
+    examples: Sequence[Any],
+    *,
+    logprob_fn: LogprobFn,
+    ref_params: Any,
+    frozen: Any,
+    pad_id: int,
+    data_config: Any,
+    batch_size: int,
+    place: Callable[[PreferenceBatch], PreferenceBatch] | None = None,
+) -> tuple[Any, Any]:
+    """The reference's sequence log-probs of every example, computed once before training
+    (`config.precompute_reference`; TRL's `precompute_ref_log_probs`).
+
+    The examples go through `reference_logprobs` (LD-DPO's sums with `config.ld_alpha`) in
+    batches of `batch_size`, longest first so that each batch pads little; a short last batch
+    is filled with repeats of its first example, whose results are dropped. Put the rows of a
+    step's batch into it with `batch._replace(ref_chosen_logp=table_c[rows],
+    ref_rejected_logp=table_r[rows])`; `prepare_preference_batch` then keeps them.
+
+    Args:
+      config: the preference config (its `chunk_size`, `ld_alpha`, `shared_prompt`).
+      examples: tokenized paired examples (`load_preference_data`).
+      logprob_fn: the jitted forward (as for `prepare_preference_batch`).
+      ref_params: the reference's trainable parameters.
+      frozen: the frozen policy parameters.
+      pad_id: the tokenizer's pad id.
+      data_config: the `PreferenceDataConfig` that buckets the batches.
+      batch_size: examples per forward.
+      place: applied to each batch before the forward (e.g. a `jax.device_put` onto a mesh);
+        None: as built.
+
+    Returns:
+      `(ref_chosen_logp[n], ref_rejected_logp[n])`, NumPy float32, in the order of `examples`.
+
+    Examples:
+      >>> from jaxrl_llm.data import PreferenceDataConfig, load_preference_data
+      >>> from jaxrl_llm.tokenizer import ByteTokenizer
+      >>> pairs = [{"prompt": "1+1=", "chosen": "2", "rejected": "3"},
+      ...          {"prompt": "12+30=", "chosen": "42", "rejected": "4"}]
+      >>> data = PreferenceDataConfig(bucket_minimum=4)
+      >>> examples, _, _ = load_preference_data(pairs, tokenizer=ByteTokenizer(), config=data)
+      >>> fn = lambda p, f, s: -jnp.ones(s.completion_mask.shape) * s.completion_mask
+      >>> c, r = precompute_reference_logprobs(PreferenceConfig(), examples, logprob_fn=fn,
+      ...     ref_params=None, frozen=None, pad_id=0, data_config=data, batch_size=2)
+      >>> c.tolist(), r.tolist()  # −(completion tokens + EOS)
+      ([-2.0, -3.0], [-2.0, -2.0])
+    """
+    import numpy as np
+
+    from jaxrl_llm.data.preference import make_preference_batch
+
+    if not config.paired:
+        raise ValueError("precompute_reference_logprobs: KTO's examples are unpaired.")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(
+            f"precompute_reference_logprobs: `batch_size` must be a positive int, got "
+            f"{batch_size!r}."
+        )
+    n = len(examples)
+    order = sorted(range(n), key=lambda i: (-len(examples[i].prompt), -_longest(examples[i]), i))
+    chosen, rejected = np.zeros(n, np.float32), np.zeros(n, np.float32)
+    for first in range(0, n, batch_size):
+        rows = order[first : first + batch_size]
+        filled = rows + [rows[0]] * (batch_size - len(rows))
+        batch = make_preference_batch(
+            [examples[i] for i in filled], pad_id=pad_id, config=data_config
+        )
+        if place is not None:
+            batch = place(batch)
+        c, r = reference_logprobs(
+            logprob_fn,
+            ref_params,
+            frozen,
+            batch,
+            ld_alpha=config.ld_alpha,
+            shared_prompt=config.shared_prompt,
+        )
+        c, r = fetch_global((c, r))  # every process reads the whole table
+        chosen[rows] = np.asarray(c)[: len(rows)]
+        rejected[rows] = np.asarray(r)[: len(rows)]
+    return chosen, rejected
+
+
+def _longest(example: Any) -> int:
+    return max(len(example.chosen), len(example.rejected or ()))
+
+
 def prepare_preference_batch(
     config: PreferenceConfig,
     batch: PreferenceBatch,
@@ -623,7 +713,8 @@ def prepare_preference_batch(
 ) -> tuple[PreferenceBatch, losses.RunningMoments | None]:
     """Fill in what the loss needs before the step: reference log-probs, KTO's `z`, BCO's `δ`.
 
-    * reference log-probs (`reference_logprobs`) unless the loss is reference-free;
+    * reference log-probs (`reference_logprobs`) unless the loss is reference-free or the batch
+      already carries them (`precompute_reference_logprobs`; `ref_params` may then be None);
     * KTO (`loss_type="kto"`): `z = losses.kto_reference_point` over the mismatched pairs
       `kto_kl_sequences(batch.chosen)`, scored by the policy and the reference (no gradient;
       TRL's batch KL estimate), stored in every row of `kl_reference_point`;
@@ -658,7 +749,7 @@ def prepare_preference_batch(
     where = "prepare_preference_batch"
     batch = jax.tree.map(jnp.asarray, batch)
     N = batch.chosen.tokens.shape[0]
-    if config.uses_reference:
+    if config.uses_reference and batch.ref_chosen_logp is None:
         ref_c, ref_r = reference_logprobs(
             logprob_fn,
             ref_params,
@@ -795,8 +886,25 @@ def train_preference(
         )
         return update(state._replace(reward_moments=moments), batch)
 
+    fill = None
+    if config.precompute_reference:  # the reference's table, then no reference forward
+        table = precompute_reference_logprobs(
+            config,
+            examples,
+            logprob_fn=logprob_fn,
+            ref_params=ref,
+            frozen=state.frozen["policy"],
+            pad_id=tokenizer.pad_id,
+            data_config=data_config,
+            batch_size=batch_size,
+        )
+        ref = None
+
+        def fill(batch: PreferenceBatch, rows: Any) -> PreferenceBatch:
+            return batch._replace(ref_chosen_logp=table[0][rows], ref_rejected_logp=table[1][rows])
+
     state, history = _offline_steps(
-        state, step, examples, tokenizer, data_config, steps, batch_size, seed, on_step
+        state, step, examples, tokenizer, data_config, steps, batch_size, seed, on_step, fill
     )
     model = nnx.merge(graphs.policy, state.params["policy"], state.frozen["policy"])
     return model, history
@@ -835,9 +943,11 @@ def _offline_steps(
     batch_size: int,
     seed: int,
     on_step: Callable[[int, dict[str, float]], None] | None,
+    fill: Callable[[PreferenceBatch, Any], PreferenceBatch] | None = None,
 ) -> tuple[Any, list[dict[str, float]]]:
     """`steps` calls of `step(state, batch)` on bucketed batches of `batch_size` examples in
-    a seeded order reshuffled every epoch; `(state, history of float metrics)`."""
+    a seeded order reshuffled every epoch (`fill(batch, rows)` first, if given: the
+    precomputed reference log-probs of the rows); `(state, history of float metrics)`."""
     from jaxrl_llm.data import IteratorState, next_batch
     from jaxrl_llm.data.preference import make_preference_batch
 
@@ -848,6 +958,8 @@ def _offline_steps(
         batch = make_preference_batch(
             [examples[j] for j in rows], pad_id=tokenizer.pad_id, config=data_config
         )
+        if fill is not None:
+            batch = fill(batch, rows)
         state, metrics = step(state, batch)
         record = {k: float(v) for k, v in jax.device_get(metrics).items()}
         history.append(record)

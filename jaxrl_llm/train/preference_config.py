@@ -40,7 +40,15 @@ _LOSS_FIELDS: dict[str, tuple[str, ...]] = {
     "bco": ("beta",),
 }
 _LOSS_FIELDS["rpo"] = (*_LOSS_FIELDS["dpo"], "nll_coef", "nll_agg")
-_STEP_FIELDS = ("loss", "epochs", "minibatches", "shuffle", "chunk_size", "shared_prompt")
+_STEP_FIELDS = (
+    "loss",
+    "epochs",
+    "minibatches",
+    "shuffle",
+    "chunk_size",
+    "shared_prompt",
+    "precompute_reference",
+)
 # losses defined on length-averaged log-probs by their papers (`average_logprobs` default)
 _AVERAGED_BY_DEFAULT = {"simpo": True, "orpo": True, "cpo": False}
 _NLL_LOSSES = ("rpo", "cpo", "orpo")
@@ -92,6 +100,13 @@ class PreferenceConfig:
         them (not compared at run time). Only where the model builds its plain program (no
         mesh or a mesh of one device); elsewhere it changes nothing. The runner turns it on
         with `train.shared_prompt_forward`.
+      precompute_reference: dpo/rpo (with a reference) and bco: score every example with the
+        reference once, before the first step (`precompute_reference_logprobs`; TRL's
+        `precompute_ref_log_probs`), and read its log-probs from that table at each step: no
+        reference forward per step, and no copy of the reference's parameters kept while
+        training. The same values up to float rounding (other batches pad differently). Not
+        for KTO (its reference point scores each batch's mismatched pairs) nor with a moving
+        reference (`train.reference_sync`).
 
     Examples:
       >>> PreferenceConfig(loss="dpo", beta=0.1, loss_type=("sigmoid", "bco_pair"),
@@ -126,6 +141,7 @@ class PreferenceConfig:
     shuffle: bool = True
     chunk_size: int | None = None
     shared_prompt: bool = False
+    precompute_reference: bool = False
 
     def __post_init__(self) -> None:
         where = "PreferenceConfig"
@@ -161,6 +177,23 @@ class PreferenceConfig:
         if not isinstance(self.shared_prompt, bool):
             raise ValueError(
                 f"{where}: `shared_prompt` must be a bool, got {self.shared_prompt!r}."
+            )
+        if not isinstance(self.precompute_reference, bool):
+            raise ValueError(
+                f"{where}: `precompute_reference` must be a bool, got "
+                f"{self.precompute_reference!r}."
+            )
+        if self.precompute_reference and (not self.uses_reference or self.loss == "kto"):
+            raise ValueError(
+                f"{where}: `precompute_reference` needs a loss that reads the reference's "
+                "log-probs of its own examples (dpo or rpo with a reference, bco); loss "
+                f"{self.loss!r}"
+                + (
+                    " scores mismatched pairs of each batch with the reference."
+                    if self.loss == "kto"
+                    else (" with reference_free" if self.reference_free else "")
+                    + " reads no reference."
+                )
             )
         if self.shared_prompt and not self.paired:
             raise ValueError(

@@ -159,13 +159,63 @@ def _completion(value: Any, field: str) -> str:
     )
 
 
+def split_implicit_prompt(chosen: Any, rejected: Any) -> tuple[Any, Any, Any]:
+    """`(prompt, chosen, rejected)` of a pair given as two whole sequences that start with the
+    same prompt (the "implicit prompt" form of datasets such as Anthropic's HH-RLHF; TRL
+    extracts it the same way).
+
+    Text: the prompt is the longest common prefix of the two strings, cut so that each
+    completion keeps at least one character; when the character before the cut is a space, the
+    space goes to the completions (`"Human: hi Assistant: yes"` / `"… no"` → prompt
+    `"Human: hi Assistant:"`, completions `" yes"` / `" no"`). Conversational (lists of
+    `{"role", "content"}` messages): the prompt is the longest common prefix of messages, and
+    each side keeps the rest (one assistant message, as a paired record needs).
+
+    Raises:
+      ValueError: the two are equal, share no prefix, or are not both text or both messages.
+
+    Examples:
+      >>> split_implicit_prompt("Q: 1+1? A: 2", "Q: 1+1? A: 3")
+      ('Q: 1+1? A:', ' 2', ' 3')
+      >>> user = {"role": "user", "content": "hi"}
+      >>> split_implicit_prompt([user, {"role": "assistant", "content": "hello"}],
+      ...                       [user, {"role": "assistant", "content": "go away"}])[0]
+      [{'role': 'user', 'content': 'hi'}]
+    """
+    if isinstance(chosen, str) and isinstance(rejected, str):
+        shorter = min(len(chosen), len(rejected))
+        cut = next((i for i in range(shorter) if chosen[i] != rejected[i]), shorter)
+        cut = min(cut, shorter - 1)
+        if cut > 0 and chosen[cut - 1] == " ":
+            cut -= 1
+    elif isinstance(chosen, list) and isinstance(rejected, list):
+        chosen, rejected = _messages(chosen, "chosen"), _messages(rejected, "rejected")
+        shorter = min(len(chosen), len(rejected))
+        cut = next((i for i in range(shorter) if chosen[i] != rejected[i]), shorter)
+        cut = min(cut, shorter - 1)
+    else:
+        raise ValueError(
+            "no field 'prompt', and 'chosen' / 'rejected' are not both text or both lists of "
+            f"messages (got {type(chosen).__name__} and {type(rejected).__name__})"
+        )
+    if chosen == rejected:
+        raise ValueError("no field 'prompt', and 'chosen' equals 'rejected': nothing to prefer")
+    if cut <= 0:
+        raise ValueError(
+            "no field 'prompt', and 'chosen' and 'rejected' share no leading prompt to use as one"
+        )
+    return chosen[:cut], chosen[cut:], rejected[cut:]
+
+
 def check_preference_record(raw: Any, *, unpaired: bool = False) -> dict[str, Any]:
     """A checked preference record (raises `ValueError` describing the first problem).
 
     Paired records need `prompt`, `chosen`, `rejected`; unpaired ones `prompt`, `completion`
-    and a boolean `label`. Text must be valid UTF-8 (no unpaired surrogates). Completions in
-    conversational form become their text; a conversational prompt stays a list of messages.
-    Other fields are kept (a prompt template may use them).
+    and a boolean `label`. A paired record without `prompt` whose `chosen` and `rejected` are
+    whole sequences starting with the same prompt is split (`split_implicit_prompt`). Text
+    must be valid UTF-8 (no unpaired surrogates). Completions in conversational form become
+    their text; a conversational prompt stays a list of messages. Other fields are kept (a
+    prompt template may use them).
 
     Examples:
       >>> check_preference_record({"prompt": "1+1=", "chosen": "2", "rejected": "3"})
@@ -183,6 +233,11 @@ def check_preference_record(raw: Any, *, unpaired: bool = False) -> dict[str, An
         raise ValueError(f"expected an object of fields, got {type(raw).__name__}")
     record = {str(k): plain_value(v, str(k)) for k, v in raw.items()}
     required = UNPAIRED_FIELDS if unpaired else PAIRED_FIELDS
+    implicit = not unpaired and "prompt" not in record
+    if implicit and record.get("chosen") is not None and record.get("rejected") is not None:
+        record["prompt"], record["chosen"], record["rejected"] = split_implicit_prompt(
+            record["chosen"], record["rejected"]
+        )
     for field in required:
         if field not in record:
             raise ValueError(

@@ -21,6 +21,7 @@ from jaxrl_llm.data import (
     load_preference_data,
     make_preference_batch,
     read_preference_jsonl,
+    split_implicit_prompt,
     tokenize_preferences,
     truncate_tokens,
     write_preference_jsonl,
@@ -115,6 +116,50 @@ def test_a_bad_line_is_reported_with_its_number(tmp_path, line, reason):
     assert len(records) == 3
     assert [i.location for i in issues] == ["line 3"]
     assert reason in issues[0].reason
+
+
+def test_implicit_prompts_are_split_from_whole_text_and_conversations(tmp_path):
+    """HH-RLHF's form: no `prompt`, `chosen` and `rejected` hold the whole dialogue."""
+    hh = {
+        "chosen": "\n\nHuman: 2+2?\n\nAssistant: 4",
+        "rejected": "\n\nHuman: 2+2?\n\nAssistant: 5, I think",
+    }
+    user = {"role": "user", "content": "hi"}
+    chat = {
+        "chosen": [user, {"role": "assistant", "content": "hello"}],
+        "rejected": [user, {"role": "assistant", "content": "go away"}],
+    }
+    records, issues = read_preference_jsonl(_write(tmp_path, [json.dumps(hh), json.dumps(chat)]))
+    assert issues == []
+    assert records[0] == {
+        "prompt": "\n\nHuman: 2+2?\n\nAssistant:",  # the space goes to the completions
+        "chosen": " 4",
+        "rejected": " 5, I think",
+    }
+    assert records[1] == {"prompt": [user], "chosen": "hello", "rejected": "go away"}
+    # a prompt that is given is never re-split, whatever the completions share
+    assert (
+        check_preference_record({"prompt": "x", "chosen": "ab", "rejected": "ac"})["chosen"] == "ab"
+    )
+    # one completion extends the other: each side keeps at least its last character
+    assert split_implicit_prompt("Q: yes", "Q: yes!") == ("Q: ye", "s", "s!")
+    examples, _, _ = load_preference_data(records[:1], tokenizer=TOK, config=PreferenceDataConfig())
+    assert examples[0].prompt == (BOS, *_ids("\n\nHuman: 2+2?\n\nAssistant:"))
+    assert examples[0].chosen == (*_ids(" 4"), EOS)
+
+
+@pytest.mark.parametrize(
+    "record, reason",
+    [
+        ({"chosen": "same", "rejected": "same"}, "'chosen' equals 'rejected': nothing to prefer"),
+        ({"chosen": "yes", "rejected": "no"}, "share no leading prompt to use as one"),
+        ({"chosen": "a b", "rejected": [{"role": "assistant", "content": "c"}]}, "not both text"),
+        ({"chosen": "4"}, "missing field 'prompt' (the record has: chosen)"),
+    ],
+)
+def test_implicit_prompts_that_cannot_be_split_are_refused(record, reason):
+    with pytest.raises(ValueError, match=reason.replace("(", r"\(").replace(")", r"\)")):
+        check_preference_record(record)
 
 
 def test_unpaired_label_must_be_a_bool_and_nothing_left_is_an_error(tmp_path):

@@ -528,6 +528,36 @@ def interleave_pairs(chosen: SequenceBatch, rejected: SequenceBatch) -> Sequence
     return SequenceBatch(*(one(x) for x in joint[:3]))
 
 
+def check_shared_prompts(batch: PreferenceBatch, *, where: str = "check_shared_prompts") -> None:
+    """Check on the host that each pair's chosen and rejected rows hold the same prompt tokens
+    and padding once padded to a common shape (what `shared_prompt` assumes).
+
+    Raises:
+      ValueError: naming the first pair whose prompts differ, and the number of such pairs.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> c = SequenceBatch(jnp.array([[1, 2, 3]]), jnp.ones((1, 3)), jnp.ones((1, 1)))
+      >>> r = SequenceBatch(jnp.array([[1, 9, 4]]), jnp.ones((1, 3)), jnp.ones((1, 1)))
+      >>> check_shared_prompts(PreferenceBatch(c, r))
+      Traceback (most recent call last):
+      ...
+      ValueError: check_shared_prompts: pair 0's chosen and rejected rows have different prompts (1 of 1 pairs), which `shared_prompt` would run as one; build the pairs with make_preference_batch or turn shared_prompt off.
+    """
+    import numpy as np
+
+    joint = concat_sequences(batch.chosen, batch.rejected)
+    N, P = batch.chosen.tokens.shape[0], prompt_length(joint)
+    tokens, mask = (np.asarray(x)[:, :P] for x in (joint.tokens, joint.attention_mask))
+    differ = np.any((tokens[:N] != tokens[N:]) | (mask[:N] != mask[N:]), axis=1)
+    if differ.any():
+        raise ValueError(
+            f"{where}: pair {int(np.argmax(differ))}'s chosen and rejected rows have different "
+            f"prompts ({int(differ.sum())} of {N} pairs), which `shared_prompt` would run as "
+            "one; build the pairs with make_preference_batch or turn shared_prompt off."
+        )
+
+
 def joint_token_logprobs(
     logprob_fn: LogprobFn,
     params: Any,
@@ -749,6 +779,8 @@ def prepare_preference_batch(
     where = "prepare_preference_batch"
     batch = jax.tree.map(jnp.asarray, batch)
     N = batch.chosen.tokens.shape[0]
+    if config.shared_prompt and not isinstance(batch.chosen.tokens, jax.core.Tracer):
+        check_shared_prompts(batch, where=where)  # eager calls; jitted callers build the pairs
     if config.uses_reference and batch.ref_chosen_logp is None:
         ref_c, ref_r = reference_logprobs(
             logprob_fn,

@@ -272,3 +272,24 @@ def test_the_runner_shares_reward_model_prompts_with_shared_prompt_forward():
 
     assert run_config().reward_model.shared_prompt
     assert not run_config(shared_prompt_forward=False).reward_model.shared_prompt
+
+
+def test_an_eager_prepare_refuses_pairs_whose_prompts_differ():
+    graphs, params, frozen, batch = _setup()
+    batch = batch._replace(ref_chosen_logp=None, ref_rejected_logp=None, reward_shift=None)
+    P = batch.rejected.tokens.shape[1] - batch.rejected.completion_mask.shape[1]
+    tokens = batch.rejected.tokens.at[3, P - 1].add(1)  # the last prompt token (never padding)
+    bad = batch._replace(rejected=batch.rejected._replace(tokens=tokens))
+    config = PreferenceConfig(shared_prompt=True)
+    kw = dict(
+        logprob_fn=make_logprob_fn(graphs.policy, group_size=2),
+        policy_params=params["policy"],
+        ref_params=params["policy"],
+        frozen=frozen["policy"],
+    )
+    with pytest.raises(
+        ValueError, match="pair 3's chosen and rejected rows have different prompts"
+    ):
+        prepare_preference_batch(config, bad, **kw)
+    prepare_preference_batch(config, batch, **kw)  # the same pairs with their own prompts pass
+    prepare_preference_batch(PreferenceConfig(), bad, **kw)  # without sharing nothing is assumed

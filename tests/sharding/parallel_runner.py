@@ -17,7 +17,8 @@ within `TOLERANCE` (float32). On every mesh each large matrix (and its Adam mome
 (1,4,2) must draw the tokens of one device ((2,2,2) under automatic axes is
 `tests/sampler/test_sharded.py`'s check). `jaxrl-llm train` with `parallel: pmap` must log the
 metrics of `parallel: jit` on 8 devices; a BCO preference run trains on (2,4,1) (its preparation
-is one compiled program: `runner.programs.preference_prepare_program`).
+is one compiled program: `runner.programs.preference_prepare_program`), and a DPO run with the
+reference's log-probs precomputed over the mesh.
 The data-parallel step refuses meshes with fsdp/tensor > 1 and batches whose rows do not
 split. Prints `RESULT {json}` with the measured differences.
 """
@@ -203,6 +204,23 @@ def check_preference_runner() -> float:
     return steps[1]["pref/delta"]
 
 
+def check_precomputed_reference_runner() -> float:
+    """`configs/dpo.yaml` with `preference.precompute_reference` on a (2, 4, 1) mesh: the
+    reference's table is built over the mesh (batches placed over the batch axes, the sums
+    gathered to the host) for the train and eval examples, then one step and an evaluation
+    read it. Returns the step's loss."""
+    overrides = [*PREFERENCE, "train.prompts_per_step=8", "train.steps=1", "train.eval_prompts=8"]
+    overrides += ["preference.precompute_reference=true", "train.eval_every=1"]
+    overrides += ["export.enabled=false", "mesh={data: 2, fsdp: 4, tensor: 1, axis_types: auto}"]
+    with tempfile.TemporaryDirectory() as tmp:
+        argv = ["train", str(CONFIGS / "dpo.yaml"), *overrides, "--run-dir", tmp]
+        assert cli(argv) == 0
+        steps = train_records(tmp)
+    assert [r["step"] for r in steps] == [1], steps
+    assert all(np.isfinite(v) for r in steps for v in r.values()), steps
+    return steps[0]["loss/total"]
+
+
 def main() -> None:
     assert jax.device_count() == 8, f"expected 8 devices, got {jax.device_count()}"
     batch = problem.batch()
@@ -234,6 +252,8 @@ def main() -> None:
     _log("runner")
     results["preference_delta"] = check_preference_runner()
     _log("preference runner")
+    results["precomputed_reference_loss"] = check_precomputed_reference_runner()
+    _log("precomputed reference runner")
     print("RESULT " + json.dumps(results), flush=True)
 
 

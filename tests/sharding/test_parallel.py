@@ -44,6 +44,7 @@ def test_update_step_and_sampler_on_8_simulated_devices():
     assert results["sampler_tokens"] > 0
     assert results["runner_metrics"] <= TOLERANCE
     assert results["preference_delta"] != 0.0  # BCO's shift after 2 steps on (2,4,1)
+    assert results["precomputed_reference_loss"] > 0  # DPO's −log σ(·) on (2,4,1)
 
 
 def test_two_processes_train_like_one_process(tmp_path):

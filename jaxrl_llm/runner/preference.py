@@ -26,7 +26,6 @@ import time
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_llm.data import (
@@ -160,17 +159,23 @@ def _prepared_batch(
     state: TrainState,
     examples: list[Any],
     references: tuple[np.ndarray, np.ndarray] | None = None,
+    *,
+    evaluation: bool = False,
 ) -> tuple[PreferenceBatch, Any]:
     """The bucketed batch of `examples` with its reference quantities (reference log-probs,
     KTO's reference point, BCO's shift), rows over the batch axes; and BCO's moments after it
     (None for the other losses). `references`: the examples' precomputed reference log-probs
-    (`preference.precompute_reference`). Call under the run's mesh."""
+    (`preference.precompute_reference`). `evaluation`: BCO's shift is the one training reached
+    (the moments do not move, and no policy forward runs for them). Call under the run's mesh."""
     config = ctx.config
     batch = make_preference_batch(
         examples, pad_id=ctx.tokenizer.pad_id, config=config.preference_data
     )
     if references is not None:
         batch = batch._replace(ref_chosen_logp=references[0], ref_rejected_logp=references[1])
+    if evaluation and state.reward_moments is not None:  # BCO
+        shift = np.full(len(examples), float(fetch_global(state.reward_moments.mean)))
+        batch = batch._replace(reward_shift=shift.astype(np.float32))
     batch = jax.device_put(batch, batch_sharding(ctx.mesh))
     if config.preference is None:  # a reward model: the pairs alone
         return batch, None
@@ -254,11 +259,12 @@ def evaluate_preference(ctx: RunContext, state: TrainState) -> dict[str, float]:
         for first in range(0, len(examples), B):
             rows = np.arange(first, first + B)
             batch, _ = _prepared_batch(
-                ctx, state, examples[first : first + B], _table_rows(ctx, "eval", rows)
+                ctx,
+                state,
+                examples[first : first + B],
+                _table_rows(ctx, "eval", rows),
+                evaluation=True,
             )
-            if state.reward_moments is not None:  # BCO: the shift training reached
-                shift = jnp.full_like(batch.reward_shift, state.reward_moments.mean)
-                batch = batch._replace(reward_shift=shift)
             metrics = fetch_global(run(state.params, state.frozen, batch))
             for key, value in metrics.items():
                 sums[key] = sums.get(key, 0.0) + float(value)

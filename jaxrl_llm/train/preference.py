@@ -750,7 +750,8 @@ def prepare_preference_batch(
       TRL's batch KL estimate), stored in every row of `kl_reference_point`;
     * BCO: the implicit rewards `β·(π − ref)` of the batch's chosen and rejected responses
       under the current policy update the running moments (TRL updates them before the loss);
-      their mean is `reward_shift`.
+      their mean is `reward_shift`. A batch that carries its `reward_shift` keeps it, and
+      the moments stay as they are (an evaluation at the shift training reached).
 
     Args:
       config: the preference config.
@@ -803,7 +804,7 @@ def prepare_preference_batch(
         kl_ref = losses.sequence_logprob(logprob_fn(ref_params, frozen, kl_seqs), m)
         z = losses.kto_reference_point(kl_logp, kl_ref, valid=_has_tokens(m))
         batch = batch._replace(kl_reference_point=jnp.full((N,), z, jnp.float32))
-    if config.loss == "bco":
+    if config.loss == "bco" and batch.reward_shift is None:
         if reward_moments is None:
             raise ValueError(
                 f"{where}: loss 'bco' needs `reward_moments` (losses.init_running_moments() at "

@@ -96,3 +96,27 @@ def test_held_out_pairs_from_a_jsonl_file_and_kto_examples(tmp_path):
     assert main(["train", str(CONFIGS / "kto.yaml"), *kto, "--run-dir", str(tmp_path / "kto")]) == 0
     start = next(r for r in records(tmp_path / "kto") if "eval/pref/accuracy" in r)
     assert start["eval/preference_examples"] == 2.0 and np.isfinite(start["eval/loss/preference"])
+
+
+def test_bco_evaluation_uses_the_shift_training_reached(tmp_path):
+    """After 2 BCO steps the held-out batches are scored with δ = the state's running mean (the
+    `pref/delta` metric), and evaluating twice gives the same metrics: the moments do not move."""
+    from jaxrl_llm.runner import evaluate_preference, loop, prepare_run
+
+    config = load_run_config(
+        str(CONFIGS / "bco.yaml"), [*PREFERENCE, "train.eval_prompts=4"], run_dir=tmp_path
+    )
+    prepared = prepare_run(config)
+    prepared.checkpointer.close()
+    ctx, state, data = prepared.context, prepared.state, prepared.data
+    for step in (1, 2):
+        state, data, _ = loop._preference_step(ctx, state, data, step)
+    delta = float(state.reward_moments.mean)
+    assert delta != 0.0
+    first, second = evaluate_preference(ctx, state), evaluate_preference(ctx, state)
+    assert first["eval/pref/delta"] == pytest.approx(delta, abs=1e-7)
+    timing = {"time/preference_eval_s"}
+    assert {k: v for k, v in first.items() if k not in timing} == {
+        k: v for k, v in second.items() if k not in timing
+    }
+    assert float(state.reward_moments.mean) == delta

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import losses
 from jaxrl_llm.config import ConfigError
 from jaxrl_llm.data import (
     ArithmeticConfig,
@@ -64,7 +65,7 @@ def test_the_table_equals_the_reference_forward_of_each_pair_alone(config):
     assert len(set(chosen.tolist())) == 7 and chosen.max() < -1.0
 
 
-def test_prepare_keeps_reference_log_probs_the_batch_carries():
+def test_prepare_keeps_the_reference_log_probs_and_the_shift_a_batch_carries():
     graphs, params, frozen = split_models(tiny_policy(2, vocab=TOKENIZER.vocab_size, layers=1))
     batch = make_preference_batch(_examples()[:2], pad_id=TOKENIZER.pad_id, config=DATA)
     given = batch._replace(
@@ -81,6 +82,22 @@ def test_prepare_keeps_reference_log_probs_the_batch_carries():
     )
     assert out.ref_chosen_logp.tolist() == [-3.0, -4.0]
     assert out.ref_rejected_logp.tolist() == [-5.0, -6.0]
+    # BCO: a batch with its shift (an evaluation) keeps it, and the moments do not move
+    moments = losses.running_moments_update(
+        losses.init_running_moments(), jnp.array([0.5, 1.5]), jnp.ones(2)
+    )
+    shifted = given._replace(reward_shift=np.full(2, 0.25, np.float32))
+    out, after = prepare_preference_batch(
+        PreferenceConfig(loss="bco"),
+        shifted,
+        logprob_fn=make_logprob_fn(graphs.policy),
+        policy_params=params["policy"],
+        ref_params=None,
+        frozen=frozen["policy"],
+        reward_moments=moments,
+    )
+    assert out.reward_shift.tolist() == [0.25, 0.25]
+    assert after is moments
 
 
 @pytest.mark.parametrize("loss", ["dpo", "bco"])

@@ -124,7 +124,7 @@ def bench_ours(
     T: int,
     repeat: int,
     steps_per_loop: int,
-    decode_phases: int = 1,
+    decode_phases: int | None = None,
     row_groups: int | None = None,
 ) -> dict:
     graphdef, state = nnx.split(model)
@@ -264,7 +264,10 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--steps-per-loop", type=int, default=1)
     parser.add_argument(
-        "--decode-phases", type=int, default=2, help="SamplingConfig.decode_phases of ours"
+        "--decode-phases",
+        type=int,
+        default=None,
+        help="SamplingConfig.decode_phases of ours (default: its length-dependent default)",
     )
     parser.add_argument(
         "--row-groups", type=int, default=None, help="SamplingConfig.row_groups (default: auto)"

@@ -73,10 +73,12 @@ class SamplingConfig:
       decode_phases: the decode loop runs as this many consecutive loops, phase `j` with a
         cache of `P + ends[j]` slots (the cache grows by empty slots between phases), so that
         attention reads the slots filled so far rather than all `P + T` in every step. Each
-        phase compiles its own loop body (compile time grows about linearly with it). With
-        one step per loop, 2 phases (the default) cost ≈ 0.1 s of compile and made the
-        benchmark models 5-13% faster than 1; 4 phases +6-19% at ≈ +0.6 s (docs/sampler.md).
-        Tokens and log-probs do not depend on it.
+        phase compiles its own loop body (compile time grows about linearly with it). None
+        (the default): one phase per 64 new tokens, at least 2 and at most 8
+        (`resolved_decode_phases`): 2 up to 191 new tokens, 4 at 256, 8 from 512, where
+        attention's share of a step grows with the length (docs/sampler.md: 2 phases +5-13%
+        over 1 at 64-128 tokens; at 512 tokens 8 phases +16% (small) and +51% (tiny) over 2,
+        for +1-2 s of compile). Tokens and log-probs do not depend on it.
       gather_weights: under a mesh with `fsdp > 1`, all-gather the FSDP-sharded weights once
         before decoding (each device then holds the weights split over `tensor` only, for the
         duration of the call) instead of in every decode step. False keeps them sharded and
@@ -126,12 +128,26 @@ class SamplingConfig:
     steps_per_loop: int = 1
     unroll_loop_steps: bool = True
     layer_unroll: int = 8
-    decode_phases: int = 2
+    decode_phases: int | None = None
     gather_weights: bool = True
     merge_lora: bool = True
     bucket_multiple: int | None = None
     min_bucket: int = 16
     row_groups: int | None = None
+
+    @property
+    def resolved_decode_phases(self) -> int:
+        """`decode_phases`, or by default one phase per 64 new tokens within [2, 8].
+
+        Examples:
+          >>> [SamplingConfig(max_new_tokens=t).resolved_decode_phases for t in (16, 256, 2048)]
+          [2, 4, 8]
+          >>> SamplingConfig(max_new_tokens=2048, decode_phases=3).resolved_decode_phases
+          3
+        """
+        if self.decode_phases is not None:
+            return self.decode_phases
+        return max(2, min(8, self.max_new_tokens // 64))
 
     def __post_init__(self) -> None:
         for name in (
@@ -139,10 +155,11 @@ class SamplingConfig:
             "num_samples",
             "steps_per_loop",
             "layer_unroll",
-            "decode_phases",
             "min_bucket",
         ):
             _check_int(self, name, low=1)
+        if self.decode_phases is not None:
+            _check_int(self, "decode_phases", low=1)
         _check_int(self, "pad_id", low=0)
         for name in ("gather_weights", "merge_lora", "unroll_loop_steps"):
             if not isinstance(getattr(self, name), bool):

@@ -366,7 +366,7 @@ def sample_tokens(
             one_step, s, None, length=U, unroll=U if config.unroll_loop_steps else 1
         )[0]
 
-    ends = phase_ends(T_loop, U, config.decode_phases)  # the cache grows at each phase end
+    ends = phase_ends(T_loop, U, config.resolved_decode_phases)  # the cache grows at each end
     start = _DecodeState(
         step=jnp.zeros((), jnp.int32),
         logits=repeat_rows(first_logits, G, 0, _ROW_TIME),

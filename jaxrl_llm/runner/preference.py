@@ -134,7 +134,31 @@ def precompute_reference(
 ) -> dict[str, Any]:
     """`RunContext.reference_logprobs`: the reference's sequence log-probs of the train and
     eval examples (`preference.precompute_reference`), in batches of `train.prompts_per_step`
-    on the run's mesh (`jaxrl_llm.train.precompute_reference_logprobs`)."""
+    on the run's mesh (`jaxrl_llm.train.precompute_reference_logprobs`).
+
+    Examples:
+      >>> from flax import nnx
+      >>> from jaxrl_llm.data import ArithmeticConfig, DataConfig
+      >>> from jaxrl_llm.models import Decoder, ModelConfig
+      >>> from jaxrl_llm.runner.config import ModelSection, TrainConfig
+      >>> from jaxrl_llm.tokenizer import ByteTokenizer
+      >>> from jaxrl_llm.train import PreferenceConfig, split_models
+      >>> from sharding import make_mesh
+      >>> tiny = ModelConfig(family="qwen3", vocab_size=259, hidden_size=8,
+      ...                    intermediate_size=16, num_layers=1, num_heads=2, num_kv_heads=1,
+      ...                    head_dim=4)
+      >>> cfg = RunConfig(model=ModelSection(init=tiny),
+      ...     preference=PreferenceConfig(precompute_reference=True),
+      ...     data=DataConfig(arithmetic=ArithmeticConfig(max_digits=1, train_size=3)),
+      ...     train=TrainConfig(prompts_per_step=2))
+      >>> examples, _ = load_preference_examples(cfg, ByteTokenizer())
+      >>> graphs, params, frozen = split_models(Decoder(tiny, rngs=nnx.Rngs(0)))
+      >>> tables = precompute_reference(cfg, graphs, params["policy"], frozen["policy"],
+      ...     make_mesh(cfg.mesh), {"train": examples}, pad_id=ByteTokenizer().pad_id)
+      >>> chosen, rejected = tables["train"]
+      >>> chosen.shape, bool((chosen < 0).all() and (rejected < 0).all())
+      ((3,), True)
+    """
     pref = config.preference
     logprob_fn = logprob_program(graphs.policy, 1.0, pref.chunk_size, pref.prompt_group_size)
     tables = {}

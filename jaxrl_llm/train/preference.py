@@ -713,18 +713,25 @@ def precompute_reference_logprobs(
         )
         if place is not None:
             batch = place(batch)
-        c, r = reference_logprobs(
-            logprob_fn,
-            ref_params,
-            frozen,
-            batch,
-            ld_alpha=config.ld_alpha,
-            shared_prompt=config.shared_prompt,
-        )
+        c, r = _sequence_sums(config, logprob_fn, ref_params, frozen, batch)
         c, r = fetch_global((c, r))  # every process reads the whole table
         chosen[rows] = np.asarray(c)[: len(rows)]
         rejected[rows] = np.asarray(r)[: len(rows)]
     return chosen, rejected
+
+
+def _sequence_sums(
+    config: PreferenceConfig, logprob_fn: LogprobFn, params: Any, frozen: Any, batch: Any
+) -> tuple[jax.Array, jax.Array | None]:
+    """`reference_logprobs` with the config's LD-DPO α and shared-prompt setting."""
+    return reference_logprobs(
+        logprob_fn,
+        params,
+        frozen,
+        batch,
+        ld_alpha=config.ld_alpha,
+        shared_prompt=config.shared_prompt,
+    )
 
 
 def _longest(example: Any) -> int:
@@ -783,14 +790,7 @@ def prepare_preference_batch(
     if config.shared_prompt and not isinstance(batch.chosen.tokens, jax.core.Tracer):
         check_shared_prompts(batch, where=where)  # eager calls; jitted callers build the pairs
     if config.uses_reference and batch.ref_chosen_logp is None:
-        ref_c, ref_r = reference_logprobs(
-            logprob_fn,
-            ref_params,
-            frozen,
-            batch,
-            ld_alpha=config.ld_alpha,
-            shared_prompt=config.shared_prompt,
-        )
+        ref_c, ref_r = _sequence_sums(config, logprob_fn, ref_params, frozen, batch)
         batch = batch._replace(ref_chosen_logp=ref_c, ref_rejected_logp=ref_r)
     if config.needs_reference_point:
         if N < 2:

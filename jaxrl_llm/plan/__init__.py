@@ -79,8 +79,9 @@ passes (forward and backward), 4 with attention in blocks. `6·W·tokens` is the
 forward + backward estimate (Kaplan et al., "Scaling Laws for Neural Language Models",
 arXiv:2001.08361); `r = 4/3` with full remat (one more forward); `passes` counts the old-policy
 forward pass (needed when a rollout feeds more than one optimizer update,
-`epochs · minibatches > 1`; on-policy updates reuse the current log-probs) and the reference
-policy's (optional).
+`epochs · minibatches > 1`; on-policy updates reuse the current log-probs; none with
+`old_logprobs="sampler"`, where the sampler's log-probs stand in) and the reference policy's
+(optional).
 
 Collectives of the update are reported separately, as if not overlapped with compute
 (`train_comm_s`, per micro-batch, at the bandwidth of the link each mesh axis crosses; devices

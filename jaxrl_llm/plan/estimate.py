@@ -50,6 +50,7 @@ class PlanConfig:
     optimizer_dtype: str = "float32"
     remat: Remat = "full"
     reference: bool = False  # frozen reference policy for a KL term
+    old_logprobs: Literal["forward", "sampler"] = "forward"  # algorithm.old_logprobs
     lora_rank: int | None = None  # train LoRA adapters of this rank on every projection
     critic: bool = False  # PPO's separate critic (`critic.kind: model`), trained alongside
     critic_lora_rank: int | None = None  # the critic's LoRA adapters (`model.critic_lora`)
@@ -67,6 +68,11 @@ class PlanConfig:
                 f"{self.mesh!r}."
             )
         object.__setattr__(self, "mesh", mesh)
+        if self.old_logprobs not in ("forward", "sampler"):
+            raise ValueError(
+                f"PlanConfig.old_logprobs must be 'forward' or 'sampler', got "
+                f"{self.old_logprobs!r}."
+            )
         for name in (
             "prompt_len",
             "completion_len",
@@ -402,7 +408,8 @@ def _time(
     step_s = max(memory_s, step_flops / flops)
     bound: Literal["memory", "compute"] = "memory" if memory_s >= step_flops / flops else "compute"
     tokens = N * S
-    passes = (plan.epochs * plan.minibatches > 1) + plan.reference
+    reuses = plan.epochs * plan.minibatches > 1 and plan.old_logprobs == "forward"
+    passes = reuses + plan.reference
     logprob_s = passes * tokens * (2 * w_mm + attn * S) / (n * flops)
     if plan.critic:  # the values of the rollout, before the update
         logprob_s += tokens * (2 * z.critic_mm + attn * S) / (n * flops)

@@ -161,6 +161,12 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     )
     p.add_argument("--remat", default=PlanConfig.remat, choices=["none", "dots", "full"])
     p.add_argument("--reference", action="store_true", help="hold a frozen KL reference policy")
+    p.add_argument(
+        "--old-logprobs",
+        default=PlanConfig.old_logprobs,
+        choices=["forward", "sampler"],
+        help="where a reused batch's old log-probs come from (algorithm.old_logprobs)",
+    )
     p.add_argument("--lora-rank", type=int, default=None, help="train LoRA adapters of this rank")
     p.add_argument("--dora", action="store_true", help="the adapters are DoRA's (magnitudes)")
     p.add_argument("--critic", action="store_true", help="PPO's separate critic (a value model)")
@@ -199,6 +205,7 @@ def run(args: argparse.Namespace) -> int:
             optimizer_dtype=args.optimizer_dtype,
             remat=args.remat,
             reference=args.reference,
+            old_logprobs=args.old_logprobs,
             lora_rank=args.lora_rank,
             critic=args.critic,
             critic_lora_rank=args.critic_lora_rank,

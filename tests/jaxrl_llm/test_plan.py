@@ -206,6 +206,8 @@ def test_time_terms_follow_the_formulas():
     np.testing.assert_allclose(
         p.time["logprob_s"], passes * N * S * (2 * w_mm + 4 * L * H * Hd * S) / (n * flops)
     )
+    from_sampler = estimate("qwen2.5-7b", dataclasses.replace(plan, old_logprobs="sampler"), dev)
+    np.testing.assert_allclose(from_sampler.time["logprob_s"], p.time["logprob_s"] / 2)  # ref only
     on_policy = estimate("qwen2.5-7b", dataclasses.replace(plan, epochs=1, reference=False), dev)
     assert on_policy.time["logprob_s"] == 0.0
     two_updates = dataclasses.replace(plan, epochs=1, minibatches=2, reference=False)
@@ -290,6 +292,8 @@ def test_bad_inputs_are_named():
         PlanConfig(mfu=1.5)
     with pytest.raises(ValueError, match=r"PlanConfig\.attention_chunk must be a positive int"):
         PlanConfig(attention_chunk=0)
+    with pytest.raises(ValueError, match=r"PlanConfig\.old_logprobs must be 'forward' or"):
+        PlanConfig(old_logprobs="rollout")  # type: ignore[arg-type]
 
 
 def test_suggest_meshes_ranks_fitting_meshes_and_skips_impossible_ones():

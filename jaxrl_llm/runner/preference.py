@@ -7,7 +7,9 @@ tokenized once (`preference_data:`, truncation counted). Per step:
 
     B examples from the resumable iterator  →  make_preference_batch (bucketed P, T)
       →  prepare_preference_batch (reference log-probs, KTO's reference point, BCO's
-         running reward mean δ, kept in `TrainState.reward_moments`)
+         running reward mean δ, kept in `TrainState.reward_moments`); with
+         `preference.precompute_reference` the reference log-probs come from a table built
+         once when the run starts (`precompute_reference`), and no reference copy is kept
       →  the compiled update step of `preference_objective`
 
 The reference policy is the initial policy (a copy of its trainable parameters). Evaluation

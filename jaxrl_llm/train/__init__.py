@@ -73,6 +73,7 @@ from jaxrl_llm.train.params import ModelGraphs, param_path, reference_params, sp
 from jaxrl_llm.train.preference import (
     PreferenceBatch,
     PreferenceConfig,
+    call_on_pairs,
     check_preference_batch,
     check_shared_prompts,
     concat_sequences,
@@ -143,6 +144,7 @@ __all__ = [
     "batch_sharding",
     "best_fit_decreasing",
     "build_rl_batch",
+    "call_on_pairs",
     "check_data_parallel",
     "check_preference_batch",
     "check_rl_batch",

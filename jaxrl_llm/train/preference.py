@@ -586,13 +586,42 @@ def joint_token_logprobs(
     """
     if batch.rejected is None:
         return logprob_fn(params, frozen, batch.chosen), None
-    N = batch.chosen.tokens.shape[0]
     T_c, T_r = batch.chosen.completion_mask.shape[1], batch.rejected.completion_mask.shape[1]
+    lp_c, lp_r = call_on_pairs(
+        lambda seqs: logprob_fn(params, frozen, seqs),
+        batch.chosen,
+        batch.rejected,
+        shared_prompt=shared_prompt,
+    )
+    return lp_c[:, :T_c], lp_r[:, :T_r]
+
+
+def call_on_pairs(
+    fn: Callable[[SequenceBatch], jax.Array],
+    chosen: SequenceBatch,
+    rejected: SequenceBatch,
+    *,
+    shared_prompt: bool = False,
+) -> tuple[jax.Array, jax.Array]:
+    """`fn`'s per-row outputs for the chosen and the rejected rows, from one call on both:
+    `concat_sequences` (chosen rows first), or with `shared_prompt`, where the model builds
+    its plain program, `interleave_pairs` (pair `n` in rows `2n`, `2n + 1`: `fn` then runs
+    groups of 2 rows with one prompt).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> c = SequenceBatch(jnp.array([[1, 2]]), jnp.ones((1, 2)), jnp.ones((1, 1)))
+      >>> r = SequenceBatch(jnp.array([[1, 5]]), jnp.ones((1, 2)), jnp.ones((1, 1)))
+      >>> a, b = call_on_pairs(lambda s: s.tokens[:, -1], c, r, shared_prompt=True)
+      >>> a.tolist(), b.tolist()
+      ([2], [5])
+    """
     if shared_prompt and plain_layout():
-        lp = logprob_fn(params, frozen, interleave_pairs(batch.chosen, batch.rejected))
-        return lp[0::2, :T_c], lp[1::2, :T_r]
-    lp = logprob_fn(params, frozen, concat_sequences(batch.chosen, batch.rejected))
-    return lp[:N, :T_c], lp[N:, :T_r]
+        out = fn(interleave_pairs(chosen, rejected))
+        return out[0::2], out[1::2]
+    out = fn(concat_sequences(chosen, rejected))
+    N = chosen.tokens.shape[0]
+    return out[:N], out[N:]
 
 
 def reference_logprobs(
@@ -810,9 +839,7 @@ def prepare_preference_batch(
                 f"{where}: loss 'bco' needs `reward_moments` (losses.init_running_moments() at "
                 "the start of training, then the returned moments)."
             )
-        pi_c, pi_r = reference_logprobs(
-            logprob_fn, policy_params, frozen, batch, shared_prompt=config.shared_prompt
-        )
+        pi_c, pi_r = _sequence_sums(config, logprob_fn, policy_params, frozen, batch)
         beta = 0.1 if config.beta is None else config.beta  # bco_loss's default β
         rewards = beta * jnp.concatenate(
             [pi_c - batch.ref_chosen_logp, pi_r - batch.ref_rejected_logp]

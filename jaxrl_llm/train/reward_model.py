@@ -32,7 +32,6 @@ from flax import nnx
 import losses
 from jaxrl_llm.config import ConfigError
 from jaxrl_llm.models import ValueModel, positions_from_mask
-from jaxrl_llm.models._sharded_ops import plain_layout
 from jaxrl_llm.train.batch import Normalizers, SequenceBatch, prompt_length
 from jaxrl_llm.train.objectives import Objective
 from jaxrl_llm.train.params import ModelGraphs
@@ -40,8 +39,7 @@ from jaxrl_llm.train.preference import (
     PreferenceBatch,
     _offline_examples,
     _offline_steps,
-    concat_sequences,
-    interleave_pairs,
+    call_on_pairs,
     pair_valid,
     preference_normalizers,
 )
@@ -182,15 +180,13 @@ def reward_model_objective(config: RewardModelConfig, graphs: ModelGraphs) -> Ob
     ) -> tuple[jax.Array, dict[str, jax.Array]]:
         del kl_coef
         model = nnx.merge(graphs.policy, params["policy"], frozen["policy"])
-        if config.shared_prompt and plain_layout():  # pair n in rows 2n (chosen), 2n + 1
-            scores = sequence_scores(
-                model, interleave_pairs(batch.chosen, batch.rejected), group_size=2
-            )
-            chosen, rejected = scores[0::2], scores[1::2]
-        else:
-            scores = sequence_scores(model, concat_sequences(batch.chosen, batch.rejected))
-            N = batch.chosen.tokens.shape[0]
-            chosen, rejected = scores[:N], scores[N:]
+        group_size = 2 if config.shared_prompt else 1
+        chosen, rejected = call_on_pairs(
+            lambda seqs: sequence_scores(model, seqs, group_size=group_size),
+            batch.chosen,
+            batch.rejected,
+            shared_prompt=config.shared_prompt,
+        )
         return reward_model_loss(config, chosen, rejected, pair_valid(batch), norms)
 
     def check(batch: PreferenceBatch, updates_per_step: int) -> None:

@@ -2,12 +2,14 @@
 
 The state is large enough (64 MiB) that writing it takes a while after `save` returns, so the
 parent's SIGKILL lands in the middle of step 2's write. Prints `DIGEST <step> <sha256>` for each
-state before saving it and `STARTED 2` once the asynchronous save is under way.
+state before saving it and `STARTED 2` once the asynchronous save is under way (its temporary
+directory exists).
 """
 
 from __future__ import annotations
 
 import hashlib
+import pathlib
 import sys
 import time
 
@@ -47,6 +49,13 @@ def main() -> None:
     second = state_at(2)
     print(f"DIGEST 2 {digest(second)}", flush=True)
     ckpt.save(2, second, {"step": 2})
+    # orbax may create the step's temporary directory after `save` returns: announce the
+    # write only once it is on disk, so that the kill lands inside it (at most 10 s)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not any(
+        p.name.startswith("2.orbax-checkpoint-tmp") for p in pathlib.Path(directory).iterdir()
+    ):
+        time.sleep(0.001)
     print("STARTED 2", flush=True)
     time.sleep(120)  # the parent kills us long before this
 

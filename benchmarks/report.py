@@ -364,29 +364,32 @@ def preference_table(results: pathlib.Path) -> list[str]:
         return []
     rows = json.loads(path.read_text())["results"]
     lines = [
-        "### Each pair's prompt once (`benchmarks/bench_preference.py`)",
+        "### Each pair's prompt once, and packed pairs (`benchmarks/bench_preference.py`)",
         "",
         "One offline DPO step (β = 0.1, AdamW: the update step and the reference forward) and "
         "one reward-model update (Bradley-Terry), chosen and rejected rows concatenated against "
-        "each pair's prompt run once (`shared_prompt`), median seconds per call in one process.",
+        "each pair's prompt run once (`shared_prompt`); on pairs of uneven lengths "
+        "(`dpo_uneven`), the shared prompt against packed pairs (`packing`). Median seconds per "
+        "call in one process.",
         "",
-        "| objective | model | pairs × P + T | token rows | update s | reference s | "
+        "| objective | model | pairs × P + T | forms | token slots | update s | reference s | "
         "update speed-up | reference speed-up | compile s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        plain, shared = r["concatenated"], r["shared_prompt"]
+        base_form, form = r.get("forms", ("concatenated", "shared_prompt"))
+        base, new = r[base_form], r[form]
         reference = (
-            f"{plain['reference_s']} → {shared['reference_s']}" if "reference_s" in plain else "—"
+            f"{base['reference_s']} → {new['reference_s']}" if "reference_s" in base else "—"
         )
         lines.append(
             f"| {r.get('objective', 'dpo')} | {r['model']} | {r['pairs']} × {r['prompt_len']} + "
-            f"{r['completion_len']} | "
-            f"{r['token_rows']['concatenated']} → {r['token_rows']['shared_prompt']} | "
-            f"{plain['update_s']} → {shared['update_s']} | {reference} | "
+            f"{r['completion_len']} | {base_form} → {form} | "
+            f"{r['token_rows'][base_form]} → {r['token_rows'][form]} | "
+            f"{base['update_s']} → {new['update_s']} | {reference} | "
             f"{r['update_speedup']}× | "
             f"{str(r['reference_speedup']) + '×' if 'reference_speedup' in r else '—'} | "
-            f"{plain['compile_s']} → {shared['compile_s']} |"
+            f"{base['compile_s']} → {new['compile_s']} |"
         )
     return lines
 

@@ -58,10 +58,16 @@ def test_the_preference_benchmark_measures_both_forms(tmp_path):
         assert row[form]["update_s"] > 0 and row[form]["reference_s"] > 0
     rm = bench_preference.measure("tiny", 2, 6, 3, repeat=1, objective="reward_model")
     assert rm["shared_prompt"]["update_s"] > 0 and "reference_s" not in rm["shared_prompt"]
-    (tmp_path / "preference_cpu.json").write_text(json.dumps({"results": [row, rm]}))
+    uneven = bench_preference.measure("tiny", 4, 12, 8, repeat=1, objective="dpo_uneven")
+    assert uneven["forms"] == ["shared_prompt", "packed"] and uneven["packed"]["update_s"] > 0
+    slots = uneven["token_rows"]
+    assert slots["shared_prompt"] == 4 * (12 + 2 * 8)
+    assert uneven["real_tokens"] <= slots["packed"] <= slots["shared_prompt"]
+    (tmp_path / "preference_cpu.json").write_text(json.dumps({"results": [row, rm, uneven]}))
     table = report.preference_table(tmp_path)
-    assert table[0].startswith("### Each pair's prompt once") and len(table) == 8
-    assert table[-1].startswith("| reward_model | tiny | 2 × 6 + 3 |") and "| — |" in table[-1]
+    assert table[0].startswith("### Each pair's prompt once, and packed") and len(table) == 9
+    assert table[-2].startswith("| reward_model | tiny | 2 × 6 + 3 |") and "| — |" in table[-2]
+    assert "| shared_prompt → packed | 112 → " in table[-1]
 
 
 def test_the_gpu_benchmark_arithmetic_and_its_report(tmp_path):

@@ -184,22 +184,34 @@ def cached_attention_mask(
     return mask
 
 
-def full_attention_mask(segment_ids: Array, positions: Array, window: int | None) -> Array:
+def full_attention_mask(
+    segment_ids: Array, positions: Array, window: int | None, roles: Array | None = None
+) -> Array:
     """`[N, S, S]` bool causal mask of a batch without cache.
 
     Query `s` reads key `t <= s` of the same segment; segment 0 is padding and is never read.
-    With a `window`, only keys with `positions[s] - positions[t] < window`.
+    With a `window`, only keys with `positions[s] - positions[t] < window`. With `roles`
+    (`[N, S]` int, prefix-shared segments such as a preference pair's prompt, chosen and
+    rejected completion in one segment), a query also skips the keys of another role than its
+    own, except role 0 (the shared prefix), which every role reads.
 
     Examples:
       >>> full_attention_mask(jnp.array([[1, 1, 2]]), jnp.array([[0, 1, 0]]), None).astype(int)
       Array([[[1, 0, 0],
               [1, 1, 0],
               [0, 0, 1]]], dtype=int32)
+      >>> full_attention_mask(jnp.array([[1, 1, 1]]), jnp.array([[0, 1, 1]]), None,
+      ...                     roles=jnp.array([[0, 1, 2]])).astype(int)  # 2 skips 1
+      Array([[[1, 0, 0],
+              [1, 1, 0],
+              [1, 0, 1]]], dtype=int32)
     """
     S = segment_ids.shape[1]
     causal = jnp.tril(jnp.ones((S, S), bool))[None]
     same = segment_ids[:, :, None] == segment_ids[:, None, :]
     mask = causal & same & (segment_ids[:, None, :] != 0)
+    if roles is not None:
+        mask &= (roles[:, None, :] == 0) | (roles[:, :, None] == roles[:, None, :])
     if window is not None:
         mask &= positions[:, :, None] - positions[:, None, :] < window
     return mask

@@ -304,14 +304,25 @@ class Decoder(nnx.Module):
         *,
         attention_mask: Array | None = None,
         segment_ids: Array | None = None,
+        segment_roles: Array | None = None,
     ) -> Array:
-        """Final-normed hidden states `[N, S, D]` in the compute dtype (no cache)."""
+        """Final-normed hidden states `[N, S, D]` in the compute dtype (no cache).
+
+        `segment_roles[N, S]` (with `segment_ids` only) makes each segment prefix-shared: a
+        token reads the earlier tokens of its segment whose role is 0 or its own
+        (`kv_cache.full_attention_mask`); a preference pair's prompt (0), chosen (1) and
+        rejected (2) completion in one segment, each completion after the prompt.
+        """
         if attention_mask is not None and segment_ids is not None:
             raise ValueError("pass attention_mask or segment_ids, not both.")
+        if segment_roles is not None and segment_ids is None:
+            raise ValueError("segment_roles needs segment_ids (the segments they divide).")
         _check_inputs(tokens, positions, segment_ids, "segment_ids")
         _check_inputs(tokens, positions, attention_mask, "attention_mask")
+        _check_inputs(tokens, positions, segment_roles, "segment_roles")
         tokens, positions = _rows(tokens), _rows(positions)
         attention_mask, segment_ids = _rows(attention_mask), _rows(segment_ids)
+        segment_roles = _rows(segment_roles)
         fused = self.fused_attention and segment_ids is None
         if fused and fused_attention_fits(self.config.num_kv_heads):
             return self._fused_hidden_states(tokens, positions, attention_mask)
@@ -323,7 +334,7 @@ class Decoder(nnx.Module):
             )
 
         def mask_fn(window: int | None) -> Array:
-            return kv_cache.full_attention_mask(segment_ids, positions, window)
+            return kv_cache.full_attention_mask(segment_ids, positions, window, segment_roles)
 
         x, _ = self._layers(self._embed(tokens), positions, mask_fn, None)
         return self.final_norm(x)

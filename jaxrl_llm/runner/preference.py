@@ -6,6 +6,7 @@ the right answer preferred: `jaxrl_llm.data.arithmetic_preference_records`). The
 tokenized once (`preference_data:`, truncation counted). Per step:
 
     B examples from the resumable iterator  →  make_preference_batch (bucketed P, T)
+      →  pack_preference_batch (`preference.packing`: several pairs per row, no padding)
       →  prepare_preference_batch (reference log-probs, KTO's reference point, BCO's
          running reward mean δ, kept in `TrainState.reward_moments`); with
          `preference.precompute_reference` the reference log-probs come from a table built
@@ -45,7 +46,13 @@ from jaxrl_llm.runner.programs import (
     preference_eval_program,
     preference_prepare_program,
 )
-from jaxrl_llm.train import PreferenceBatch, TrainState, precompute_reference_logprobs
+from jaxrl_llm.train import (
+    PreferenceBatch,
+    TrainState,
+    pack_preference_batch,
+    precompute_reference_logprobs,
+)
+from jaxrl_llm.train.pair_packing import packing_fill
 from jaxrl_llm.train.shardings import batch_sharding
 from sharding import fetch_global
 
@@ -197,6 +204,11 @@ def _prepared_batch(
     batch = make_preference_batch(
         examples, pad_id=ctx.tokenizer.pad_id, config=config.preference_data
     )
+    if config.preference is not None:  # with `preference.packing`: for the update's split
+        parts = config.preference.minibatches * config.optim.accumulation_steps
+        batch = pack_preference_batch(
+            config.preference, batch, parts=1 if evaluation else parts, pad_id=ctx.tokenizer.pad_id
+        )
     if references is not None:
         batch = batch._replace(ref_chosen_logp=references[0], ref_rejected_logp=references[1])
     if evaluation and state.reward_moments is not None:  # BCO
@@ -242,6 +254,8 @@ def _preference_step(
         state, metrics = ctx.update(state, batch)
         metrics = {k: float(v) for k, v in fetch_global(metrics).items()}
     done = time.perf_counter()
+    if batch.packed is not None:  # the share of the packed rows' slots holding a token
+        metrics["perf/packing_fill"] = packing_fill(batch.packed)
     metrics.update(
         {
             "time/forward_s": update_start - started,

@@ -6,6 +6,8 @@
 * `state` — the `TrainState` pytree.
 * `batch` — `RLBatch`, `SequenceBatch`, global `Normalizers`.
 * `packing` — several SFT sequences per row: `pack_batch`, `best_fit_decreasing`.
+* `pair_packing` — several preference pairs per row, each prompt once: `pack_pairs`,
+  `PackedPairs`, `packed_pair_logprobs`.
 * `logprobs` — chunked completion log-probs / entropies / values and their jitted forwards.
 * `algorithms` — `AlgorithmConfig`, named `PRESETS`, and the composed RL loss.
 * `advantages` — rewards → advantages, returns and the kept-groups mask; `build_rl_batch`.
@@ -68,6 +70,7 @@ from jaxrl_llm.train.optim import (
     weight_decay_mask,
 )
 from jaxrl_llm.train.packing import best_fit_decreasing, pack_batch
+from jaxrl_llm.train.pair_packing import PackedPairs, pack_pairs, packed_pair_logprobs
 from jaxrl_llm.train.parallel import check_data_parallel, make_data_parallel_update_step
 from jaxrl_llm.train.params import ModelGraphs, param_path, reference_params, split_models
 from jaxrl_llm.train.preference import (
@@ -80,6 +83,7 @@ from jaxrl_llm.train.preference import (
     interleave_pairs,
     joint_token_logprobs,
     kto_kl_sequences,
+    pack_preference_batch,
     pair_valid,
     precompute_reference_logprobs,
     preference_loss,
@@ -130,6 +134,7 @@ __all__ = [
     "Normalizers",
     "Objective",
     "OptimConfig",
+    "PackedPairs",
     "PolicyLossConfig",
     "PreferenceBatch",
     "PreferenceConfig",
@@ -181,6 +186,9 @@ __all__ = [
     "online_dpo_pairs",
     "online_dpo_select",
     "pack_batch",
+    "pack_pairs",
+    "pack_preference_batch",
+    "packed_pair_logprobs",
     "pair_valid",
     "param_path",
     "param_shardings",

@@ -29,6 +29,7 @@ import losses
 from jaxrl_llm.models import ValueModel, positions_from_mask, positions_from_segments
 from jaxrl_llm.models.position_chunks import map_position_chunks
 from jaxrl_llm.train.batch import SequenceBatch, check_sequence_batch, prompt_length
+from jaxrl_llm.train.pair_packing import PackedPairs, packed_pair_logprobs
 
 
 def completion_hidden(model: Any, batch: Any, *, group_size: int = 1) -> jax.Array:
@@ -243,7 +244,8 @@ def make_logprob_fn(
         must come in groups of this many rows with the same prompt.
 
     Returns:
-      The jitted function; it returns float32 log-probs, 0 outside the completion mask.
+      The jitted function; it returns float32 log-probs, 0 outside the completion mask
+      (called on `PackedPairs`, the pairs' `[N, 2, T]`: `packed_pair_logprobs`).
 
     Examples:
       >>> from jaxrl_llm.models import Decoder, ModelConfig
@@ -259,6 +261,10 @@ def make_logprob_fn(
 
     def forward(params: Any, frozen: Any, batch: SequenceBatch) -> jax.Array:
         model = nnx.merge(graphdef, params, frozen)
+        if isinstance(batch, PackedPairs):  # packed preference pairs: logp[N, 2, T]
+            return packed_pair_logprobs(
+                model, batch, temperature=temperature, chunk_size=chunk_size
+            )
         logp, _, _ = completion_logprobs(
             model, batch, temperature=temperature, chunk_size=chunk_size, group_size=group_size
         )

@@ -52,6 +52,7 @@ from jaxrl_llm.train.batch import (
 )
 from jaxrl_llm.train.logprobs import completion_logprobs
 from jaxrl_llm.train.objectives import Objective
+from jaxrl_llm.train.pair_packing import PackedPairs, pack_pairs, packed_pair_logprobs
 from jaxrl_llm.train.params import ModelGraphs
 from jaxrl_llm.train.preference_config import (
     _NLL_LOSSES,
@@ -75,6 +76,10 @@ class PreferenceBatch(NamedTuple):
       kl_reference_point: `[N]` KTO's reference point `z` of the whole batch (the same value in
         every row, so micro-batches keep it); None otherwise.
       reward_shift: `[N]` BCO's running reward mean `δ` (the same value in every row), or None.
+      packed: the pairs packed several to a row (`PreferenceConfig.packing`,
+        `pack_preference_batch`), or None; its row leaves have a leading axis of packed rows,
+        its pair leaves `N`. The forwards then run the packed rows (where the model builds
+        its plain program) and read the padded `chosen` / `rejected` for the targets' masks.
 
     A row whose chosen (or rejected) completion has no valid token is padding: it leaves the
     loss and its normalisers.
@@ -95,6 +100,7 @@ class PreferenceBatch(NamedTuple):
     labels: jax.Array | None = None
     kl_reference_point: jax.Array | None = None
     reward_shift: jax.Array | None = None
+    packed: PackedPairs | None = None
 
 
 def check_preference_batch(config: PreferenceConfig, batch: Any, *, where: str) -> None:
@@ -129,6 +135,14 @@ def check_preference_batch(config: PreferenceConfig, batch: Any, *, where: str) 
             f"{where}: loss 'kto' takes unpaired labelled examples in `chosen`; `rejected` must "
             "be None."
         )
+    if batch.packed is not None:
+        T = max(batch.chosen.completion_mask.shape[1], batch.rejected.completion_mask.shape[1])
+        if batch.packed.row.shape != (N,) or batch.packed.slots.shape != (N, 2, T):
+            raise ValueError(
+                f"{where}: `packed` must hold the N = {N} pairs' rows [N] and slots [N, 2, {T}] "
+                f"(pack_preference_batch of this batch), got {batch.packed.row.shape} and "
+                f"{batch.packed.slots.shape}."
+            )
     needed = {
         "ref_chosen_logp": config.uses_reference,
         "ref_rejected_logp": config.uses_reference and config.paired,
@@ -482,6 +496,10 @@ def preference_objective(config: PreferenceConfig, graphs: ModelGraphs) -> Objec
 
     def forward(params: Any, frozen: Any, sequences: SequenceBatch) -> jax.Array:
         policy = nnx.merge(graphs.policy, params, frozen)
+        if isinstance(sequences, PackedPairs):  # the update's micro-batch: rows `row`
+            return packed_pair_logprobs(
+                policy, sequences, in_micro_batch=True, chunk_size=config.chunk_size
+            )
         logp, _, _ = completion_logprobs(
             policy, sequences, chunk_size=config.chunk_size, group_size=config.prompt_group_size
         )
@@ -569,8 +587,10 @@ def joint_token_logprobs(
     """Token log-probs `[N,T_c]` of the chosen and `[N,T_r]` of the rejected completions from
     one call of `logprob_fn` on both (KTO: the chosen alone, and None).
 
-    With `shared_prompt` (`PreferenceConfig.shared_prompt`), where the model builds its plain
-    program (no mesh, or a mesh of one device), the rows are interleaved (`interleave_pairs`)
+    A batch with `packed` pairs (`PreferenceConfig.packing`), where the model builds its plain
+    program (no mesh, or a mesh of one device), calls `logprob_fn` on the `PackedPairs`
+    (`[N, 2, T]` log-probs: `packed_pair_logprobs`). Else, with `shared_prompt`
+    (`PreferenceConfig.shared_prompt`) there, the rows are interleaved (`interleave_pairs`)
     so that a `logprob_fn` made with `group_size=2` runs each pair's prompt once per layer;
     elsewhere the chosen rows come first and then the rejected, as without it.
 
@@ -587,6 +607,9 @@ def joint_token_logprobs(
     if batch.rejected is None:
         return logprob_fn(params, frozen, batch.chosen), None
     T_c, T_r = batch.chosen.completion_mask.shape[1], batch.rejected.completion_mask.shape[1]
+    if batch.packed is not None and plain_layout():
+        logp = logprob_fn(params, frozen, batch.packed)  # [N, 2, T]
+        return logp[:, 0, :T_c], logp[:, 1, :T_r]
     lp_c, lp_r = call_on_pairs(
         lambda seqs: logprob_fn(params, frozen, seqs),
         batch.chosen,
@@ -740,6 +763,7 @@ def precompute_reference_logprobs(
         batch = make_preference_batch(
             [examples[i] for i in filled], pad_id=pad_id, config=data_config
         )
+        batch = pack_preference_batch(config, batch, pad_id=pad_id)  # with `packing`
         if place is not None:
             batch = place(batch)
         c, r = _sequence_sums(config, logprob_fn, ref_params, frozen, batch)
@@ -761,6 +785,44 @@ def _sequence_sums(
         ld_alpha=config.ld_alpha,
         shared_prompt=config.shared_prompt,
     )
+
+
+def pack_preference_batch(
+    config: PreferenceConfig, batch: PreferenceBatch, *, parts: int = 1, pad_id: int = 0
+) -> PreferenceBatch:
+    """The batch with its pairs packed (`PreferenceConfig.packing`, `pack_pairs`), or as it is
+    without `packing` or under a mesh of several devices (where the forwards run the padded
+    rows: `joint_token_logprobs`). Host NumPy, before `prepare_preference_batch`.
+
+    Args:
+      config: the preference config (`packing`, `packing_length`).
+      batch: a padded paired batch (`make_preference_batch`).
+      parts: the update step's micro-batches (`minibatches × accumulation_steps`): each
+        micro-batch's pairs get rows of their own. A whole-batch forward (evaluation) packs
+        with 1.
+      pad_id: the tokenizer's pad id.
+
+    Examples:
+      >>> import numpy as np
+      >>> s = SequenceBatch(np.array([[5, 6, 7, 0]] * 4), np.array([[1, 1, 1, 0]] * 4),
+      ...                   np.array([[1, 0]] * 4))
+      >>> cfg = PreferenceConfig(packing=True, packing_length=8)
+      >>> b = pack_preference_batch(cfg, PreferenceBatch(s, s), parts=2)  # 4 tokens a pair
+      >>> b.packed.tokens.shape, b.packed.batch_row.tolist()  # a row per micro-batch
+      ((2, 8), [0, 1, 0, 1])
+    """
+    if not config.packing or not plain_layout():
+        return batch
+    if batch.rejected is None:
+        raise ValueError("pack_preference_batch: packing lays out pairs; the batch has none.")
+    packed = pack_pairs(
+        batch.chosen,
+        batch.rejected,
+        parts=parts,
+        length=config.packing_length,
+        pad_id=pad_id,
+    )
+    return batch._replace(packed=packed)
 
 
 def _longest(example: Any) -> int:
@@ -870,7 +932,8 @@ def train_preference(
     The reference model is the initial policy (a copy of its trainable parameters, sharing the
     frozen ones). Each step draws `batch_size` examples in a seeded, reshuffled-every-epoch order
     (`jaxrl_llm.data.next_batch`), builds a bucketed fixed-shape `PreferenceBatch`
-    (`jaxrl_llm.data.make_preference_batch`), fills it with `prepare_preference_batch` and runs
+    (`jaxrl_llm.data.make_preference_batch`; its pairs packed with `config.packing`), fills it
+    with `prepare_preference_batch` and runs
     the compiled update step (`config.epochs × config.minibatches` updates,
     `optim_config.accumulation_steps` micro-batches each). Checkpoints, logging and a CLI are the
     runner's (`jaxrl_llm.runner`).
@@ -934,7 +997,10 @@ def train_preference(
         shuffle=config.shuffle,
     )
 
+    parts = config.minibatches * optim_config.accumulation_steps
+
     def step(state: Any, batch: PreferenceBatch) -> tuple[Any, dict[str, jax.Array]]:
+        batch = pack_preference_batch(config, batch, parts=parts, pad_id=tokenizer.pad_id)
         batch, moments = prepare_preference_batch(
             config,
             batch,

@@ -48,6 +48,8 @@ _STEP_FIELDS = (
     "chunk_size",
     "shared_prompt",
     "precompute_reference",
+    "packing",
+    "packing_length",
 )
 # losses defined on length-averaged log-probs by their papers (`average_logprobs` default)
 _AVERAGED_BY_DEFAULT = {"simpo": True, "orpo": True, "cpo": False}
@@ -107,6 +109,17 @@ class PreferenceConfig:
         training. The same values up to float rounding (other batches pad differently). Not
         for KTO (its reference point scores each batch's mismatched pairs) nor with a moving
         reference (`train.reference_sync`).
+      packing: paired losses: several pairs per row with no padding, each pair's prompt once
+        (`jaxrl_llm.train.pair_packing`: `[prompt | chosen | rejected]` runs, the rejected
+        tokens reading the prompt but not the chosen ones), for the policy's and the
+        reference's forwards; the same log-probs and gradients up to float rounding, with
+        only the pairs' real tokens computed. The batch is packed on the host for the
+        update's micro-batches (`pack_preference_batch`), so the rows must not be reshuffled
+        between minibatches (`minibatches > 1` needs `shuffle: false`). Only where the model
+        builds its plain program (no mesh or a mesh of one device). Takes precedence over
+        `shared_prompt`.
+      packing_length: slots per packed row (None: the padded pair's `P + 2T` of each
+        batch's buckets, which always fits); set it to fix the row length across buckets.
 
     Examples:
       >>> PreferenceConfig(loss="dpo", beta=0.1, loss_type=("sigmoid", "bco_pair"),
@@ -142,6 +155,8 @@ class PreferenceConfig:
     chunk_size: int | None = None
     shared_prompt: bool = False
     precompute_reference: bool = False
+    packing: bool = False
+    packing_length: int | None = None
 
     def __post_init__(self) -> None:
         where = "PreferenceConfig"
@@ -194,6 +209,28 @@ class PreferenceConfig:
                     else (" with reference_free" if self.reference_free else "")
                     + " reads no reference."
                 )
+            )
+        if not isinstance(self.packing, bool):
+            raise ValueError(f"{where}: `packing` must be a bool, got {self.packing!r}.")
+        if self.packing_length is not None and (
+            not self.packing
+            or isinstance(self.packing_length, bool)
+            or not isinstance(self.packing_length, int)
+            or self.packing_length < 2
+        ):
+            raise ValueError(
+                f"{where}: `packing_length` must be an int >= 2 with `packing: true`, got "
+                f"{self.packing_length!r} (packing={self.packing!r})."
+            )
+        if self.packing and not self.paired:
+            raise ValueError(
+                f"{where}: `packing` lays out preference pairs; loss 'kto' takes unpaired examples."
+            )
+        if self.packing and self.minibatches > 1 and self.shuffle:
+            raise ValueError(
+                f"{where}: `packing` packs each micro-batch's pairs into its own rows, which "
+                f"a reshuffle between minibatches would break; with minibatches = "
+                f"{self.minibatches} set `shuffle: false` (or turn packing off)."
             )
         if self.shared_prompt and not self.paired:
             raise ValueError(

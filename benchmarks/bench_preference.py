@@ -17,8 +17,8 @@ each. Fixed-length cases compare `shared_prompt` off (chosen and rejected rows c
 pair's prompt from 8..P tokens and each completion from 4..T (a seeded draw; the first pair
 full length, so the batch pads to `P` and `T`), as real preference data is, and compares the
 shared prompt with packed pairs (`Σ p + c + r` real tokens in rows of `P + 2·T` slots). The
-reward-model case trains a `ValueModel` of the same shape with Bradley-Terry
-(`train.reward_model_objective`) on the same pairs.
+reward-model cases (`reward_model`, `reward_model_uneven`) train a `ValueModel` of the same
+shape with Bradley-Terry (`train.reward_model_objective`) on the same pairs.
 """
 
 from __future__ import annotations
@@ -61,16 +61,19 @@ CASES = [  # (model, pairs, prompt length P, completion length T, objective)
     ("small", 16, 32, 32, "dpo"),
     ("small", 16, 64, 64, "dpo_uneven"),
     ("small", 8, 64, 64, "reward_model"),
+    ("small", 16, 64, 64, "reward_model_uneven"),
 ]
 QUICK = [
     ("tiny", 8, 32, 16, "dpo"),
     ("tiny", 8, 32, 16, "dpo_uneven"),
     ("tiny", 8, 32, 16, "reward_model"),
+    ("tiny", 8, 32, 16, "reward_model_uneven"),
 ]
 FORMS = {  # objective → (baseline form, measured form)
     "dpo": ("concatenated", "shared_prompt"),
     "reward_model": ("concatenated", "shared_prompt"),
     "dpo_uneven": ("shared_prompt", "packed"),
+    "reward_model_uneven": ("shared_prompt", "packed"),
 }
 OPTIM = OptimConfig(name="adamw", learning_rate=1e-3, max_grad_norm=1.0)
 
@@ -110,16 +113,22 @@ def programs(size: str, objective: str, batch: PreferenceBatch, form: str) -> di
     """The compiled update step of one form (DPO: and the reference forward), with inputs."""
     cfg = MODELS[size].model_config()
     tx = make_optimizer(OPTIM)
-    shared = form == "shared_prompt"
+    shared, packing = form == "shared_prompt", form == "packed"
     if objective == "reward_model":
         graphs, params, frozen = split_models(ValueModel(cfg, rngs=nnx.Rngs(0)))
         state = init_train_state(params, frozen, tx, key=jax.random.key(0))
+        rm_config = RewardModelConfig(shared_prompt=shared, packing=packing)
+        batch = jax.tree.map(jnp.asarray, pack_preference_batch(rm_config, batch))
         started = time.perf_counter()
-        rm = reward_model_objective(RewardModelConfig(shared_prompt=shared), graphs)
+        rm = reward_model_objective(rm_config, graphs)
         update = jax.jit(make_update_step(rm, tx)).lower(state, batch).compile()
-        return {"update": (update, (state, batch)), "compile_s": time.perf_counter() - started}
+        return {
+            "update": (update, (state, batch)),
+            "compile_s": time.perf_counter() - started,
+            "token_slots": _token_slots(batch, form),
+        }
     graphs, params, frozen = split_models(Decoder(cfg, rngs=nnx.Rngs(0)))
-    config = PreferenceConfig(loss="dpo", beta=0.1, shared_prompt=shared, packing=form == "packed")
+    config = PreferenceConfig(loss="dpo", beta=0.1, shared_prompt=shared, packing=packing)
     batch = jax.tree.map(jnp.asarray, pack_preference_batch(config, batch))
     logprob_fn = make_logprob_fn(graphs.policy, group_size=config.prompt_group_size)
     state = init_train_state(params, frozen, tx, key=jax.random.key(0))
@@ -169,9 +178,9 @@ def measure(size: str, N: int, P: int, T: int, repeat: int, objective: str = "dp
     """Both forms of one case (`FORMS`), alternating call by call; medians after a warm-up
     round."""
     forms = FORMS[objective]
-    uneven = objective == "dpo_uneven"
+    uneven = objective.endswith("_uneven")
     batch = pairs(MODELS[size].vocab_size, N, P, T, uneven=uneven)
-    model_objective = "dpo" if uneven else objective
+    model_objective = objective.removesuffix("_uneven")
     progs = {form: programs(size, model_objective, batch, form) for form in forms}
     parts = [p for p in ("reference", "update") if p in progs[forms[0]]]
     times: dict[tuple[str, str], list[float]] = {}

@@ -6,7 +6,8 @@ the right answer preferred: `jaxrl_llm.data.arithmetic_preference_records`). The
 tokenized once (`preference_data:`, truncation counted). Per step:
 
     B examples from the resumable iterator  →  make_preference_batch (bucketed P, T)
-      →  pack_preference_batch (`preference.packing`: several pairs per row, no padding)
+      →  pack_preference_batch (`preference.packing`, `reward_model.packing`: several pairs
+         per row, no padding)
       →  prepare_preference_batch (reference log-probs, KTO's reference point, BCO's
          running reward mean δ, kept in `TrainState.reward_moments`); with
          `preference.precompute_reference` the reference log-probs come from a table built
@@ -204,11 +205,9 @@ def _prepared_batch(
     batch = make_preference_batch(
         examples, pad_id=ctx.tokenizer.pad_id, config=config.preference_data
     )
-    if config.preference is not None:  # with `preference.packing`: for the update's split
-        parts = config.preference.minibatches * config.optim.accumulation_steps
-        batch = pack_preference_batch(
-            config.preference, batch, parts=1 if evaluation else parts, pad_id=ctx.tokenizer.pad_id
-        )
+    section = config.preference or config.reward_model  # `packing`: for the update's split
+    parts = 1 if evaluation else section.minibatches * config.optim.accumulation_steps
+    batch = pack_preference_batch(section, batch, parts=parts, pad_id=ctx.tokenizer.pad_id)
     if references is not None:
         batch = batch._replace(ref_chosen_logp=references[0], ref_rejected_logp=references[1])
     if evaluation and state.reward_moments is not None:  # BCO

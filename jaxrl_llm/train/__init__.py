@@ -7,7 +7,7 @@
 * `batch` — `RLBatch`, `SequenceBatch`, global `Normalizers`.
 * `packing` — several SFT sequences per row: `pack_batch`, `best_fit_decreasing`.
 * `pair_packing` — several preference pairs per row, each prompt once: `pack_pairs`,
-  `PackedPairs`, `packed_pair_logprobs`.
+  `PackedPairs`, `packed_pair_logprobs`, `packed_pair_scores`.
 * `logprobs` — chunked completion log-probs / entropies / values and their jitted forwards.
 * `algorithms` — `AlgorithmConfig`, named `PRESETS`, and the composed RL loss.
 * `advantages` — rewards → advantages, returns and the kept-groups mask; `build_rl_batch`.
@@ -70,7 +70,13 @@ from jaxrl_llm.train.optim import (
     weight_decay_mask,
 )
 from jaxrl_llm.train.packing import best_fit_decreasing, pack_batch
-from jaxrl_llm.train.pair_packing import PackedPairs, pack_pairs, packed_pair_logprobs
+from jaxrl_llm.train.pair_packing import (
+    PackedPairs,
+    pack_pairs,
+    packed_pair_logprobs,
+    packed_pair_scores,
+    packing_fill,
+)
 from jaxrl_llm.train.parallel import check_data_parallel, make_data_parallel_update_step
 from jaxrl_llm.train.params import ModelGraphs, param_path, reference_params, split_models
 from jaxrl_llm.train.preference import (
@@ -189,6 +195,8 @@ __all__ = [
     "pack_pairs",
     "pack_preference_batch",
     "packed_pair_logprobs",
+    "packed_pair_scores",
+    "packing_fill",
     "pair_valid",
     "param_path",
     "param_shardings",

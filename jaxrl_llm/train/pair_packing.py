@@ -62,8 +62,18 @@ class PackedPairs(NamedTuple):
       slots: `[N, 2, T]` int32, the slot (in the pair's row) of the state that predicts
         completion token `t` of the chosen (`[:, 0]`) and rejected (`[:, 1]`) response (0
         past the response's end).
+      ends: `[N, 2]` int32, the slot of the chosen and the rejected sequence's last real token
+        (the prompt's last for an empty response; where a reward model reads its score).
       targets: `[N, 2, T]` the completion tokens of the padded batch.
       target_mask: `[N, 2, T]` float32, the padded batch's completion masks.
+
+    Examples:
+      >>> from jaxrl_llm.train.batch import SequenceBatch
+      >>> c = SequenceBatch(np.array([[4, 5, 6]]), np.ones((1, 3)), np.ones((1, 1)))
+      >>> r = SequenceBatch(np.array([[4, 5, 7]]), np.ones((1, 3)), np.ones((1, 1)))
+      >>> p = pack_pairs(c, r)  # one row: prompt 4 5, chosen 6, rejected 7
+      >>> p.tokens.tolist(), p.positions.tolist(), p.ends.tolist()
+      ([[4, 5, 6, 7]], [[0, 1, 2, 2]], [[2, 3]])
     """
 
     tokens: Any
@@ -73,6 +83,7 @@ class PackedPairs(NamedTuple):
     row: Any
     batch_row: Any
     slots: Any
+    ends: Any
     targets: Any
     target_mask: Any
 
@@ -166,13 +177,13 @@ def pack_pairs(
         **{k: np.zeros((R, length), np.int32) for k in ("positions", "segment_ids", "roles")},
     }
     row, batch_row = np.zeros(N, np.int32), np.zeros(N, np.int32)
-    slots = np.zeros((N, 2, T), np.int32)
+    slots, ends = np.zeros((N, 2, T), np.int32), np.zeros((N, 2), np.int32)
     for j, part_bins in enumerate(bins):
         for b, members in enumerate(part_bins):
             r, start = b * parts + j, 0  # micro-batch j's b-th row (the update's split)
             for segment, n in enumerate(members, start=1):
                 row[n], batch_row[n] = b, r
-                start = _place(out, r, start, segment, prompts[n], responses[n], slots[n])
+                start = _place(out, r, start, segment, prompts[n], responses[n], slots[n], ends[n])
     targets = np.zeros((N, 2, T), out["tokens"].dtype)
     target_mask = np.zeros((N, 2, T), np.float32)
     for side, seqs in enumerate((chosen, rejected)):
@@ -180,7 +191,13 @@ def pack_pairs(
         targets[:, side, :width] = np.asarray(seqs.tokens)[:, prompt_length(seqs) :]
         target_mask[:, side, :width] = np.asarray(seqs.completion_mask)
     return PackedPairs(
-        row=row, batch_row=batch_row, slots=slots, targets=targets, target_mask=target_mask, **out
+        row=row,
+        batch_row=batch_row,
+        slots=slots,
+        ends=ends,
+        targets=targets,
+        target_mask=target_mask,
+        **out,
     )
 
 
@@ -231,8 +248,10 @@ def _place(
     prompt: np.ndarray,
     responses: list[np.ndarray],
     slots: np.ndarray,
+    ends: np.ndarray,
 ) -> int:
-    """Write one pair at slot `start` of row `r`; fill its `slots[2, T]`; the next free slot."""
+    """Write one pair at slot `start` of row `r`; fill its `slots[2, T]` and `ends[2]`; the
+    next free slot."""
     p = len(prompt)
     pieces = [(prompt, PROMPT, 0)] + [
         (tokens, role, p) for role, tokens in ((CHOSEN, responses[0]), (REJECTED, responses[1]))
@@ -244,11 +263,12 @@ def _place(
         out["positions"][r, at:end] = first_position + np.arange(len(tokens))
         out["segment_ids"][r, at:end] = segment
         out["roles"][r, at:end] = role
-        if role != PROMPT and len(tokens):
+        if role != PROMPT:
             # token 0 is predicted by the prompt's last state, token t > 0 by token t − 1
             slots[role - 1, : len(tokens)] = np.concatenate(
                 [[start + p - 1], at + np.arange(len(tokens) - 1)]
-            )
+            )[: len(tokens)]
+            ends[role - 1] = max(end - 1 if len(tokens) else start + p - 1, 0)
         at = end
     return at
 
@@ -287,7 +307,7 @@ def packed_pair_logprobs(
       >>> t = jnp.array([[1, 2, 3, 2, 0]])  # prompt 1; chosen 2, 3; rejected 2
       >>> p = PackedPairs(t, jnp.array([[0, 1, 2, 1, 0]]), jnp.array([[1, 1, 1, 1, 0]]),
       ...     jnp.array([[0, 1, 1, 2, 0]]), jnp.zeros(1, int), jnp.zeros(1, int),
-      ...     jnp.array([[[0, 1], [0, 0]]]), jnp.array([[[2, 3], [2, 0]]]),
+      ...     jnp.array([[[0, 1], [0, 0]]]), jnp.array([[2, 3]]), jnp.array([[[2, 3], [2, 0]]]),
       ...     jnp.array([[[1.0, 1.0], [1.0, 0.0]]]))
       >>> (packed_pair_logprobs(Model(), p) * 100).round().tolist()  # log(e⁵ / (e⁵ + 3))
       [[[-2.0, -2.0], [-2.0, 0.0]]]
@@ -316,11 +336,47 @@ def packed_pair_logprobs(
     return logp.reshape(N, 2, T)
 
 
+def packed_pair_scores(
+    model: Any, packed: PackedPairs, *, in_micro_batch: bool = False
+) -> jax.Array:
+    """A reward model's `[N, 2]` float32 scores of the chosen (`[:, 0]`) and rejected
+    (`[:, 1]`) sequences from one forward of the packed rows: its value at each sequence's last
+    real token (`ends`), as `reward_model.sequence_scores` reads a padded row.
+
+    Args:
+      model: a `ValueModel` (a backbone and a scalar head).
+      packed: the `PackedPairs` of the whole batch, or of one micro-batch of the update step.
+      in_micro_batch: `packed` is one of the update step's micro-batches: rows `row` (else
+        `batch_row`).
+
+    Examples:
+      >>> class Backbone:  # a Decoder in practice; here h = token
+      ...     def hidden_states(self, tokens, positions, segment_ids, segment_roles):
+      ...         return tokens[..., None].astype(jnp.float32)
+      >>> class RM:
+      ...     backbone, head = Backbone(), staticmethod(lambda h: 10.0 * h[..., 0])
+      >>> row = jnp.array([[1, 2, 3, 4]])  # tokens (positions, segments, roles unused here)
+      >>> p = PackedPairs(row, row, row, row, jnp.zeros(1, int), jnp.zeros(1, int), None,
+      ...                 jnp.array([[2, 3]]), None, None)
+      >>> packed_pair_scores(RM(), p).tolist()  # the values at slots 2 and 3
+      [[30.0, 40.0]]
+    """
+    hidden = model.backbone.hidden_states(
+        jnp.asarray(packed.tokens),
+        jnp.asarray(packed.positions),
+        segment_ids=jnp.asarray(packed.segment_ids),
+        segment_roles=jnp.asarray(packed.roles),
+    )  # [R, L, D]
+    rows = jnp.asarray(packed.row if in_micro_batch else packed.batch_row)
+    states = hidden[rows[:, None], jnp.asarray(packed.ends)]  # [N, 2, D]
+    return model.head(states).astype(jnp.float32)
+
+
 def packing_fill(packed: PackedPairs) -> float:
     """The share of the packed rows' slots that hold a token (host; for metrics).
 
     Examples:
-      >>> p = PackedPairs(*([np.array([[1, 1, 0, 0]])] * 4), *([None] * 5))
+      >>> p = PackedPairs(*([np.array([[1, 1, 0, 0]])] * 4), *([None] * 6))
       >>> packing_fill(p)
       0.5
     """

@@ -788,14 +788,15 @@ def _sequence_sums(
 
 
 def pack_preference_batch(
-    config: PreferenceConfig, batch: PreferenceBatch, *, parts: int = 1, pad_id: int = 0
+    config: Any, batch: PreferenceBatch, *, parts: int = 1, pad_id: int = 0
 ) -> PreferenceBatch:
-    """The batch with its pairs packed (`PreferenceConfig.packing`, `pack_pairs`), or as it is
+    """The batch with its pairs packed (`PreferenceConfig.packing` or
+    `RewardModelConfig.packing`: `pack_pairs`), or as it is
     without `packing` or under a mesh of several devices (where the forwards run the padded
     rows: `joint_token_logprobs`). Host NumPy, before `prepare_preference_batch`.
 
     Args:
-      config: the preference config (`packing`, `packing_length`).
+      config: the preference or reward-model config (`packing`, `packing_length`).
       batch: a padded paired batch (`make_preference_batch`).
       parts: the update step's micro-batches (`minibatches × accumulation_steps`): each
         micro-batch's pairs get rows of their own. A whole-batch forward (evaluation) packs

@@ -212,26 +212,11 @@ class PreferenceConfig:
             )
         if not isinstance(self.packing, bool):
             raise ValueError(f"{where}: `packing` must be a bool, got {self.packing!r}.")
-        if self.packing_length is not None and (
-            not self.packing
-            or isinstance(self.packing_length, bool)
-            or not isinstance(self.packing_length, int)
-            or self.packing_length < 2
-        ):
-            raise ValueError(
-                f"{where}: `packing_length` must be an int >= 2 with `packing: true`, got "
-                f"{self.packing_length!r} (packing={self.packing!r})."
-            )
         if self.packing and not self.paired:
             raise ValueError(
                 f"{where}: `packing` lays out preference pairs; loss 'kto' takes unpaired examples."
             )
-        if self.packing and self.minibatches > 1 and self.shuffle:
-            raise ValueError(
-                f"{where}: `packing` packs each micro-batch's pairs into its own rows, which "
-                f"a reshuffle between minibatches would break; with minibatches = "
-                f"{self.minibatches} set `shuffle: false` (or turn packing off)."
-            )
+        _check_packing(self, where)
         if self.shared_prompt and not self.paired:
             raise ValueError(
                 f"{where}: `shared_prompt` needs pairs that share a prompt; loss 'kto' takes "
@@ -327,6 +312,33 @@ class PreferenceConfig:
         if self.loss not in _NLL_LOSSES:
             return 0.0
         return _DEFAULT_NLL_COEF if self.nll_coef is None else self.nll_coef
+
+
+def _check_packing(config: Any, where: str) -> None:
+    """The `packing` / `packing_length` checks shared by `PreferenceConfig` and
+    `RewardModelConfig` (`jaxrl_llm.train.pair_packing`).
+
+    Raises:
+      ValueError: a `packing_length` without packing or below 2, or packing with shuffled
+        minibatches (their reshuffle would break the per-micro-batch rows).
+
+    Examples:
+      >>> _check_packing(PreferenceConfig(), "demo")  # packing off: nothing to check
+    """
+    length = config.packing_length
+    if length is not None and (
+        not config.packing or isinstance(length, bool) or not isinstance(length, int) or length < 2
+    ):
+        raise ValueError(
+            f"{where}: `packing_length` must be an int >= 2 with `packing: true`, got "
+            f"{length!r} (packing={config.packing!r})."
+        )
+    if config.packing and config.minibatches > 1 and config.shuffle:
+        raise ValueError(
+            f"{where}: `packing` packs each micro-batch's pairs into its own rows, which a "
+            f"reshuffle between minibatches would break; with minibatches = "
+            f"{config.minibatches} set `shuffle: false` (or turn packing off)."
+        )
 
 
 def _set(config: PreferenceConfig, *names: str, rename: dict[str, str] | None = None) -> dict:

@@ -32,17 +32,21 @@ from flax import nnx
 import losses
 from jaxrl_llm.config import ConfigError
 from jaxrl_llm.models import ValueModel, positions_from_mask
+from jaxrl_llm.models._sharded_ops import plain_layout
 from jaxrl_llm.train.batch import Normalizers, SequenceBatch, prompt_length
 from jaxrl_llm.train.objectives import Objective
+from jaxrl_llm.train.pair_packing import packed_pair_scores
 from jaxrl_llm.train.params import ModelGraphs
 from jaxrl_llm.train.preference import (
     PreferenceBatch,
     _offline_examples,
     _offline_steps,
     call_on_pairs,
+    pack_preference_batch,
     pair_valid,
     preference_normalizers,
 )
+from jaxrl_llm.train.preference_config import _check_packing
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -59,6 +63,11 @@ class RewardModelConfig:
         `PreferenceConfig.shared_prompt`: chosen and rejected must share their prompt tokens
         and padding, as `make_preference_batch` builds them; the runner turns it on with
         `train.shared_prompt_forward`).
+      packing: several pairs per row without padding, each pair's prompt once, as
+        `PreferenceConfig.packing` (`jaxrl_llm.train.pair_packing`; the scores read at each
+        sequence's last real token: `packed_pair_scores`). `minibatches > 1` needs
+        `shuffle: false`. Takes precedence over `shared_prompt`.
+      packing_length: slots per packed row (None: `P + 2T` of each batch's buckets).
 
     Examples:
       >>> RewardModelConfig(center_coef=0.01).margin
@@ -75,12 +84,19 @@ class RewardModelConfig:
     minibatches: int = 1
     shuffle: bool = True
     shared_prompt: bool = False
+    packing: bool = False
+    packing_length: int | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.shared_prompt, bool):
-            raise ConfigError(
-                f"RewardModelConfig: `shared_prompt` must be a bool, got {self.shared_prompt!r}."
-            )
+        for key in ("shared_prompt", "packing"):
+            if not isinstance(getattr(self, key), bool):
+                raise ConfigError(
+                    f"RewardModelConfig: `{key}` must be a bool, got {getattr(self, key)!r}."
+                )
+        try:
+            _check_packing(self, "RewardModelConfig")
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
         for key in ("epochs", "minibatches"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -180,6 +196,9 @@ def reward_model_objective(config: RewardModelConfig, graphs: ModelGraphs) -> Ob
     ) -> tuple[jax.Array, dict[str, jax.Array]]:
         del kl_coef
         model = nnx.merge(graphs.policy, params["policy"], frozen["policy"])
+        if batch.packed is not None and plain_layout():  # the update's micro-batch: `row`
+            scores = packed_pair_scores(model, batch.packed, in_micro_batch=True)
+            return reward_model_loss(config, scores[:, 0], scores[:, 1], pair_valid(batch), norms)
         group_size = 2 if config.shared_prompt else 1
         chosen, rejected = call_on_pairs(
             lambda seqs: sequence_scores(model, seqs, group_size=group_size),
@@ -217,7 +236,8 @@ def train_reward_model(
 
     Each step draws `batch_size` pairs in a seeded order reshuffled every epoch
     (`jaxrl_llm.data.next_batch`), builds a bucketed `PreferenceBatch`
-    (`jaxrl_llm.data.make_preference_batch`) and runs the compiled update step
+    (`jaxrl_llm.data.make_preference_batch`; its pairs packed with `config.packing`) and runs
+    the compiled update step
     (`optim_config.accumulation_steps` micro-batches). The metrics of a step are those of its
     batch before the update: `loss/total` (`loss/bradley_terry` + `loss/center`),
     `rm/accuracy` (pairs with `r_c > r_r`),
@@ -275,8 +295,15 @@ def train_reward_model(
         shuffle=config.shuffle,
         accumulation_steps=optim_config.accumulation_steps,
     )
+    parts = config.minibatches * optim_config.accumulation_steps
+
+    def step(state: Any, batch: PreferenceBatch) -> tuple[Any, dict[str, jax.Array]]:
+        return update(
+            state, pack_preference_batch(config, batch, parts=parts, pad_id=tokenizer.pad_id)
+        )
+
     state, history = _offline_steps(
-        state, update, examples, tokenizer, data_config, steps, batch_size, seed, on_step
+        state, step, examples, tokenizer, data_config, steps, batch_size, seed, on_step
     )
     trained = nnx.merge(graphs.policy, state.params["policy"], state.frozen["policy"])
     return trained, history

@@ -93,6 +93,7 @@ def test_layout_matches_a_hand_built_oracle():
     # pair 0: chosen 5 ← slot 1 (prompt end); rejected 9 ← slot 1, second 9 ← slot 3
     # pair 1: chosen 7 ← slot 5, 8 ← slot 6; rejected 2 ← slot 5
     assert p.slots.tolist() == [[[1, 0], [1, 3]], [[5, 6], [5, 0]]]
+    assert p.ends.tolist() == [[2, 4], [7, 8]]  # each sequence's last real token
     assert p.targets.tolist() == [[[5, 0], [9, 9]], [[7, 8], [2, 0]]]
     assert p.target_mask.tolist() == [[[1, 0], [1, 1]], [[1, 1], [1, 0]]]
     # length 5: one pair per row; the rows double up to a power of two (here 2 = N)
@@ -363,14 +364,17 @@ def test_a_batch_whose_packing_does_not_match_is_refused():
         objective.check(wrong, 1)
 
 
-def test_a_runner_dpo_run_with_packing_trains_and_evaluates_as_without(tmp_path):
-    """`preference.packing=true` with 2 accumulation micro-batches: the same losses, metrics
-    and held-out metrics as the padded run; the packed rows' fill is logged."""
+@pytest.mark.parametrize("section", ["preference", "reward_model"])
+def test_a_runner_run_with_packing_trains_and_evaluates_as_without(tmp_path, section):
+    """`preference.packing=true` (DPO) and `reward_model.packing=true` with 2 accumulation
+    micro-batches: the same losses, metrics and held-out metrics as the padded run; the packed
+    rows' fill is logged."""
     from jaxrl_llm.cli import main
     from tests.runner.helpers import CONFIGS, PREFERENCE, records
 
+    config = CONFIGS / ("dpo.yaml" if section == "preference" else "reward_model.yaml")
     runs = {}
-    for name, extra in (("plain", []), ("packed", ["preference.packing=true"])):
+    for name, extra in (("plain", []), ("packed", [f"{section}.packing=true"])):
         overrides = [
             *PREFERENCE,
             "train.eval_every=2",
@@ -379,12 +383,11 @@ def test_a_runner_dpo_run_with_packing_trains_and_evaluates_as_without(tmp_path)
             *extra,
         ]
         run_dir = tmp_path / name
-        assert (
-            main(["train", str(CONFIGS / "dpo.yaml"), *overrides, "--run-dir", str(run_dir)]) == 0
-        )
+        assert main(["train", str(config), *overrides, "--run-dir", str(run_dir)]) == 0
         runs[name] = records(run_dir)
     ours, theirs = runs["packed"], runs["plain"]
-    assert len(ours) == len(theirs) and any(r.get("eval/pref/accuracy") is not None for r in ours)
+    accuracy = "eval/pref/accuracy" if section == "preference" else "eval/rm/accuracy"
+    assert len(ours) == len(theirs) and any(r.get(accuracy) is not None for r in ours)
     fills = [r["perf/packing_fill"] for r in ours if "perf/packing_fill" in r]
     assert fills and all(0.3 < f <= 1.0 for f in fills), fills
     for a, b in zip(ours, theirs, strict=True):
@@ -392,3 +395,111 @@ def test_a_runner_dpo_run_with_packing_trains_and_evaluates_as_without(tmp_path)
             timing = key == "elapsed" or key.startswith(("time/", "perf/"))
             if isinstance(value, float) and not timing:
                 np.testing.assert_allclose(a[key], value, rtol=1e-4, atol=1e-5, err_msg=key)
+
+
+@functools.cache
+def _reward_model():
+    from jaxrl_llm.models import ValueModel
+    from tests.train.helpers import tiny_config
+
+    return split_models(ValueModel(tiny_config(vocab=VOCAB, layers=2), rngs=nnx.Rngs(4)))
+
+
+def test_reward_model_scores_equal_the_padded_forward():
+    from jaxrl_llm.models import ValueModel
+    from jaxrl_llm.train import packed_pair_scores, sequence_scores
+    from tests.train.helpers import tiny_config
+
+    model = ValueModel(tiny_config(vocab=VOCAB, layers=2), rngs=nnx.Rngs(4))
+    batch = _setup()[3]
+    N = batch.chosen.tokens.shape[0]
+    padded = sequence_scores(model, concat_sequences(batch.chosen, batch.rejected))
+    for kw in ({}, {"parts": 2, "length": 40}):
+        scores = packed_pair_scores(model, _packed(batch, **kw).packed)
+        np.testing.assert_allclose(scores[:, 0], padded[:N], atol=2e-5, err_msg=str(kw))
+        np.testing.assert_allclose(scores[:, 1], padded[N:], atol=2e-5, err_msg=str(kw))
+    assert float(jnp.std(padded)) > 1e-3
+
+
+def test_reward_model_loss_and_gradients_equal_the_padded_forward():
+    from jaxrl_llm.train import RewardModelConfig, reward_model_objective
+
+    graphs, params, frozen = _reward_model()
+    batch = _setup()[3]
+    out = {}
+    for packing in (False, True):
+        objective = reward_model_objective(
+            RewardModelConfig(center_coef=0.01, packing=packing), graphs
+        )
+        b = _packed(batch) if packing else batch
+        norms = preference_normalizers(b)
+
+        def loss(p, objective=objective, b=b, norms=norms):
+            return objective.loss(p, frozen, b, norms, 0.0)
+
+        out[packing] = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+    (value, metrics), grads = out[False]
+    (value_p, metrics_p), grads_p = out[True]
+    np.testing.assert_allclose(value_p, value, rtol=1e-5, atol=1e-6)
+    for key in metrics:
+        np.testing.assert_allclose(metrics_p[key], metrics[key], rtol=1e-5, atol=1e-5, err_msg=key)
+    assert tree_max_abs_diff(grads_p, grads) < 2e-5
+
+
+def test_train_reward_model_with_packing_follows_the_padded_run():
+    from jaxrl_llm.models import ValueModel
+    from jaxrl_llm.train import RewardModelConfig, train_reward_model
+    from tests.train.helpers import tiny_config
+
+    records = arithmetic_preference_records(ArithmeticConfig(max_digits=2, train_size=8), seed=1)
+    history = {}
+    for packing in (False, True):
+        _, history[packing] = train_reward_model(
+            ValueModel(tiny_config(vocab=259, layers=1), rngs=nnx.Rngs(0)),
+            ByteTokenizer(),
+            records,
+            RewardModelConfig(packing=packing),
+            OptimConfig(learning_rate=5e-3, accumulation_steps=2),
+            steps=3,
+            batch_size=4,
+        )
+    for a, b in zip(history[False], history[True], strict=True):
+        for key in ("loss/total", "rm/margin", "rm/chosen_mean"):
+            np.testing.assert_allclose(b[key], a[key], rtol=1e-4, atol=1e-5, err_msg=key)
+    assert history[True][-1]["loss/total"] < history[True][0]["loss/total"]
+
+
+def test_reward_model_config_refusals():
+    from jaxrl_llm.config import ConfigError
+    from jaxrl_llm.train import RewardModelConfig
+
+    with pytest.raises(ConfigError, match="set `shuffle: false`"):
+        RewardModelConfig(packing=True, minibatches=2)
+    with pytest.raises(ConfigError, match="`packing_length` must be an int >= 2 with"):
+        RewardModelConfig(packing_length=64)
+
+
+def test_the_precomputed_reference_table_equals_the_padded_one():
+    from jaxrl_llm.data import PreferenceDataConfig, load_preference_data
+    from jaxrl_llm.train import precompute_reference_logprobs
+
+    graphs, params, frozen = split_models(tiny_policy(2, vocab=259, layers=1))
+    records = arithmetic_preference_records(ArithmeticConfig(max_digits=3, train_size=7), seed=2)
+    data = PreferenceDataConfig(bucket_minimum=4)
+    examples, _, _ = load_preference_data(records, tokenizer=ByteTokenizer(), config=data)
+    fn = make_logprob_fn(graphs.policy)
+    tables = {}
+    for packing in (False, True):
+        tables[packing] = precompute_reference_logprobs(
+            PreferenceConfig(loss="dpo", ld_alpha=0.5, packing=packing),
+            examples,
+            logprob_fn=fn,
+            ref_params=params["policy"],
+            frozen=frozen["policy"],
+            pad_id=ByteTokenizer().pad_id,
+            data_config=data,
+            batch_size=3,
+        )
+    for plain, packed in zip(tables[False], tables[True], strict=True):
+        np.testing.assert_allclose(packed, plain, rtol=1e-5, atol=2e-5)
+        assert np.all(plain < 0)

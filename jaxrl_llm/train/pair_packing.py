@@ -279,6 +279,19 @@ def _positive_int(where: str, name: str, value: Any) -> int:
     return int(value)
 
 
+def _packed_hidden(
+    decoder: Any, packed: PackedPairs, in_micro_batch: bool
+) -> tuple[jax.Array, jax.Array]:
+    """The packed rows' hidden states `[R, L, D]` and each pair's row `[N]` in them."""
+    hidden = decoder.hidden_states(
+        jnp.asarray(packed.tokens),
+        jnp.asarray(packed.positions),
+        segment_ids=jnp.asarray(packed.segment_ids),
+        segment_roles=jnp.asarray(packed.roles),
+    )
+    return hidden, jnp.asarray(packed.row if in_micro_batch else packed.batch_row)
+
+
 def packed_pair_logprobs(
     model: Any,
     packed: PackedPairs,
@@ -314,13 +327,7 @@ def packed_pair_logprobs(
     """
     from jaxrl_llm.train.logprobs import chunked_logprobs
 
-    hidden = model.hidden_states(
-        jnp.asarray(packed.tokens),
-        jnp.asarray(packed.positions),
-        segment_ids=jnp.asarray(packed.segment_ids),
-        segment_roles=jnp.asarray(packed.roles),
-    )  # [R, L, D]
-    rows = jnp.asarray(packed.row if in_micro_batch else packed.batch_row)
+    hidden, rows = _packed_hidden(model, packed, in_micro_batch)
     slots = jnp.asarray(packed.slots)
     N, _, T = slots.shape
     states = hidden[rows[:, None, None], slots]  # [N, 2, T, D]
@@ -361,13 +368,7 @@ def packed_pair_scores(
       >>> packed_pair_scores(RM(), p).tolist()  # the values at slots 2 and 3
       [[30.0, 40.0]]
     """
-    hidden = model.backbone.hidden_states(
-        jnp.asarray(packed.tokens),
-        jnp.asarray(packed.positions),
-        segment_ids=jnp.asarray(packed.segment_ids),
-        segment_roles=jnp.asarray(packed.roles),
-    )  # [R, L, D]
-    rows = jnp.asarray(packed.row if in_micro_batch else packed.batch_row)
+    hidden, rows = _packed_hidden(model.backbone, packed, in_micro_batch)
     states = hidden[rows[:, None], jnp.asarray(packed.ends)]  # [N, 2, D]
     return model.head(states).astype(jnp.float32)
 

@@ -39,30 +39,19 @@ from jaxrl_llm.train import (
     update_step,
 )
 from tests.train.helpers import tiny_policy, tree_max_abs_diff
-from tests.train.test_preference import VOCAB, _records_batch
-from tests.train.test_preference_shared_prompt import CASES
+from tests.train.test_preference import VOCAB
+from tests.train.test_preference_shared_prompt import (
+    CASES,
+    assert_same_loss_metrics_and_grads,
+    objective_value_and_grad,
+    setup_pairs,
+)
 
 
-@functools.cache
 def _setup():
     """A tiny policy and 8 arithmetic pairs of several lengths (one with a long rejected
     response, one padding pair), with reference log-probs and BCO's shift filled in."""
-    graphs, params, frozen = split_models(tiny_policy(7, vocab=VOCAB, layers=2))
-    records = arithmetic_preference_records(ArithmeticConfig(max_digits=3, train_size=8), seed=5)
-    records[2] = {**records[2], "rejected": records[2]["rejected"] * 4}
-    batch = jax.tree.map(jnp.asarray, _records_batch(records))
-    batch = batch._replace(
-        rejected=batch.rejected._replace(
-            completion_mask=batch.rejected.completion_mask.at[4].set(0.0)
-        )
-    )
-    rng = np.random.default_rng(5)
-    batch = batch._replace(
-        ref_chosen_logp=jnp.asarray(-rng.uniform(5, 15, 8), jnp.float32),
-        ref_rejected_logp=jnp.asarray(-rng.uniform(5, 15, 8), jnp.float32),
-        reward_shift=jnp.full((8,), 0.3, jnp.float32),
-    )
-    return graphs, params, frozen, batch
+    return setup_pairs(8)
 
 
 def _packed(batch, **kw):
@@ -175,29 +164,15 @@ def test_role_mask_oracle():
     np.testing.assert_array_equal(mask[0], expected)
 
 
-def _value_and_grad(config, params, frozen, batch):
-    objective = preference_objective(config, _setup()[0])
-    norms = preference_normalizers(batch)
-
-    def loss(p):
-        return objective.loss(p, frozen, batch, norms, 0.0)
-
-    return jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
-
-
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_loss_metrics_and_gradients_equal_the_padded_forward(name):
     config = CASES[name]
-    _, params, frozen, batch = _setup()
-    (value, metrics), grads = _value_and_grad(config, params, frozen, batch)
-    packed = dataclasses.replace(config, packing=True)
-    (value_p, metrics_p), grads_p = _value_and_grad(packed, params, frozen, _packed(batch))
-    np.testing.assert_allclose(value_p, value, rtol=1e-5, atol=1e-6)
-    assert metrics_p.keys() == metrics.keys()
-    for key in metrics:
-        np.testing.assert_allclose(metrics_p[key], metrics[key], rtol=1e-5, atol=1e-5, err_msg=key)
-    assert tree_max_abs_diff(grads_p, grads) < 2e-5
-    assert max(float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(grads)) > 1e-3
+    graphs, params, frozen, batch = _setup()
+    packed = preference_objective(dataclasses.replace(config, packing=True), graphs)
+    assert_same_loss_metrics_and_grads(
+        objective_value_and_grad(packed, params, frozen, _packed(batch)),
+        objective_value_and_grad(preference_objective(config, graphs), params, frozen, batch),
+    )
 
 
 def test_the_forward_runs_fewer_token_slots(monkeypatch):
@@ -426,24 +401,16 @@ def test_reward_model_loss_and_gradients_equal_the_padded_forward():
 
     graphs, params, frozen = _reward_model()
     batch = _setup()[3]
-    out = {}
-    for packing in (False, True):
-        objective = reward_model_objective(
-            RewardModelConfig(center_coef=0.01, packing=packing), graphs
+    results = [
+        objective_value_and_grad(
+            reward_model_objective(RewardModelConfig(center_coef=0.01, packing=packing), graphs),
+            params,
+            frozen,
+            _packed(batch) if packing else batch,
         )
-        b = _packed(batch) if packing else batch
-        norms = preference_normalizers(b)
-
-        def loss(p, objective=objective, b=b, norms=norms):
-            return objective.loss(p, frozen, b, norms, 0.0)
-
-        out[packing] = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
-    (value, metrics), grads = out[False]
-    (value_p, metrics_p), grads_p = out[True]
-    np.testing.assert_allclose(value_p, value, rtol=1e-5, atol=1e-6)
-    for key in metrics:
-        np.testing.assert_allclose(metrics_p[key], metrics[key], rtol=1e-5, atol=1e-5, err_msg=key)
-    assert tree_max_abs_diff(grads_p, grads) < 2e-5
+        for packing in (True, False)
+    ]
+    assert_same_loss_metrics_and_grads(*results)
 
 
 def test_train_reward_model_with_packing_follows_the_padded_run():

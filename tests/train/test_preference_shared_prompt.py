@@ -48,11 +48,14 @@ CASES = {
 
 
 @functools.cache
-def _setup():
-    """A tiny policy and 6 arithmetic pairs (prompts and completions of several lengths, one
-    pair without a rejected token), with reference log-probs and BCO's shift filled in."""
+def setup_pairs(num_pairs: int = 6):
+    """A tiny policy and `num_pairs` arithmetic pairs (prompts and completions of several
+    lengths, one long rejected response, one pair without a rejected token), with reference
+    log-probs and BCO's shift filled in."""
     graphs, params, frozen = split_models(tiny_policy(7, vocab=VOCAB, layers=2))
-    records = arithmetic_preference_records(ArithmeticConfig(max_digits=3, train_size=6), seed=5)
+    records = arithmetic_preference_records(
+        ArithmeticConfig(max_digits=3, train_size=num_pairs), seed=5
+    )
     records[2] = {**records[2], "rejected": records[2]["rejected"] * 4}  # a long rejected one
     batch = jax.tree.map(jnp.asarray, _records_batch(records))
     batch = batch._replace(  # a padding pair: it leaves the loss and the counts
@@ -62,15 +65,19 @@ def _setup():
     )
     rng = np.random.default_rng(5)
     batch = batch._replace(
-        ref_chosen_logp=jnp.asarray(-rng.uniform(5, 15, 6), jnp.float32),
-        ref_rejected_logp=jnp.asarray(-rng.uniform(5, 15, 6), jnp.float32),
-        reward_shift=jnp.full((6,), 0.3, jnp.float32),
+        ref_chosen_logp=jnp.asarray(-rng.uniform(5, 15, num_pairs), jnp.float32),
+        ref_rejected_logp=jnp.asarray(-rng.uniform(5, 15, num_pairs), jnp.float32),
+        reward_shift=jnp.full((num_pairs,), 0.3, jnp.float32),
     )
     return graphs, params, frozen, batch
 
 
-def _value_and_grad(config, params, frozen, batch):
-    objective = preference_objective(config, _setup()[0])
+def _setup():
+    return setup_pairs(6)
+
+
+def objective_value_and_grad(objective, params, frozen, batch):
+    """`((loss, metrics), grads)` of an objective's loss on one whole batch, jitted."""
     norms = preference_normalizers(batch)
 
     def loss(p):
@@ -79,19 +86,28 @@ def _value_and_grad(config, params, frozen, batch):
     return jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
 
 
+def assert_same_loss_metrics_and_grads(ours, theirs):
+    """Two `objective_value_and_grad` results agree to float32 rounding (and the gradient is
+    not trivially zero)."""
+    (value_o, metrics_o), grads_o = ours
+    (value, metrics), grads = theirs
+    np.testing.assert_allclose(value_o, value, rtol=1e-5, atol=1e-6)
+    assert metrics_o.keys() == metrics.keys()
+    for key in metrics:
+        np.testing.assert_allclose(metrics_o[key], metrics[key], rtol=1e-5, atol=1e-5, err_msg=key)
+    assert tree_max_abs_diff(grads_o, grads) < 2e-5
+    assert max(float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(grads)) > 1e-3
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_loss_metrics_and_gradients_equal_the_concatenated_forward(name):
     config = CASES[name]
-    _, params, frozen, batch = _setup()
-    (value, metrics), grads = _value_and_grad(config, params, frozen, batch)
-    shared = dataclasses.replace(config, shared_prompt=True)
-    (value_s, metrics_s), grads_s = _value_and_grad(shared, params, frozen, batch)
-    np.testing.assert_allclose(value_s, value, rtol=1e-5, atol=1e-6)
-    assert metrics_s.keys() == metrics.keys()
-    for key in metrics:
-        np.testing.assert_allclose(metrics_s[key], metrics[key], rtol=1e-5, atol=1e-5, err_msg=key)
-    assert tree_max_abs_diff(grads_s, grads) < 2e-5
-    assert max(float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(grads)) > 1e-3
+    graphs, params, frozen, batch = _setup()
+    results = [
+        objective_value_and_grad(preference_objective(c, graphs), params, frozen, batch)
+        for c in (dataclasses.replace(config, shared_prompt=True), config)
+    ]
+    assert_same_loss_metrics_and_grads(*results)
 
 
 def test_the_shared_forward_runs_each_prompt_once(monkeypatch):

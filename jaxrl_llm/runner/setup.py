@@ -264,6 +264,13 @@ def prepare_run(config: RunConfig, *, resume: bool = False) -> PreparedRun:
     check_devices(config, jax.device_count())
     enable_compilation_cache(config.train.compilation_cache)
     mesh = make_mesh(config.mesh)
+    section = config.preference or config.reward_model
+    if getattr(section, "packing", False) and mesh.size > 1:
+        log.warning(
+            "packing: the pairs are packed only on one device; on this mesh of %d devices "
+            "the forwards run the padded rows (the same results, without its speed-up)",
+            mesh.size,
+        )
     run_dir = pathlib.Path(config.run_dir)
     restart = _check_run_dir(run_dir, resume)
     wait_for_all_processes("jaxrl_llm: run directory checked")  # before any process writes

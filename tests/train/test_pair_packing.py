@@ -470,3 +470,15 @@ def test_the_precomputed_reference_table_equals_the_padded_one():
     for plain, packed in zip(tables[False], tables[True], strict=True):
         np.testing.assert_allclose(packed, plain, rtol=1e-5, atol=2e-5)
         assert np.all(plain < 0)
+
+
+def test_a_mesh_of_several_devices_keeps_the_padded_batch():
+    """Packing needs the plain program: under a (here abstract) mesh of 2 devices the batch is
+    left as it is and the forwards run the padded rows."""
+    from jax.sharding import AbstractMesh
+
+    batch = _setup()[3]
+    config = PreferenceConfig(packing=True)
+    with jax.sharding.use_abstract_mesh(AbstractMesh((2,), ("data",))):
+        assert pack_preference_batch(config, batch).packed is None
+    assert pack_preference_batch(config, batch).packed is not None

@@ -125,7 +125,10 @@ def test_reference_sync_inside_the_compiled_iteration_matches_the_loop(tmp_path)
     for ours, theirs in zip(compiled, history, strict=True):
         assert ours.keys() == theirs.keys()
         for key, value in theirs.items():
-            np.testing.assert_allclose(ours[key], value, rtol=1e-5, atol=1e-7, err_msg=key)
+            # a KL between near-equal policies is a difference of log-probs: its error is the
+            # log-probs' rounding (observed 1.8e-7 on an AVX2 host), not relative to its value
+            atol = 1e-6 if key.startswith("kl/") else 1e-7
+            np.testing.assert_allclose(ours[key], value, rtol=1e-5, atol=atol, err_msg=key)
     host = _host(state)
     assert len(compiled_state) == len(host)  # the reference is part of both states
     for a, b in zip(compiled_state, host, strict=True):

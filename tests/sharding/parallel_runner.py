@@ -208,9 +208,11 @@ def check_precomputed_reference_runner() -> float:
     """`configs/dpo.yaml` with `preference.precompute_reference` on a (2, 4, 1) mesh: the
     reference's table is built over the mesh (batches placed over the batch axes, the sums
     gathered to the host) for the train and eval examples, then one step and an evaluation
-    read it. Returns the step's loss."""
+    read it. `preference.packing` is on too and, on a mesh of several devices, packs nothing
+    (the padded forwards run; no `perf/packing_fill`). Returns the step's loss."""
     overrides = [*PREFERENCE, "train.prompts_per_step=8", "train.steps=1", "train.eval_prompts=8"]
     overrides += ["preference.precompute_reference=true", "train.eval_every=1"]
+    overrides += ["preference.packing=true"]
     overrides += ["export.enabled=false", "mesh={data: 2, fsdp: 4, tensor: 1, axis_types: auto}"]
     with tempfile.TemporaryDirectory() as tmp:
         argv = ["train", str(CONFIGS / "dpo.yaml"), *overrides, "--run-dir", tmp]
@@ -218,6 +220,7 @@ def check_precomputed_reference_runner() -> float:
         steps = train_records(tmp)
     assert [r["step"] for r in steps] == [1], steps
     assert all(np.isfinite(v) for r in steps for v in r.values()), steps
+    assert "perf/packing_fill" not in steps[0], steps
     return steps[0]["loss/total"]
 
 

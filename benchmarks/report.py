@@ -4,7 +4,8 @@
 
 Reads `DIR/grpo/*.json` (`benchmarks.bench_grpo`), `DIR/sampler_cpu.json`
 (`benchmarks.bench_sampler`), `DIR/attention_cpu.json` (`benchmarks.bench_attention`),
-`DIR/preference_cpu.json` (`benchmarks.bench_preference`) and `DIR/gpu/*.json`
+`DIR/preference_cpu.json` (`benchmarks.bench_preference`), `DIR/trim_cpu.json`
+(`benchmarks.bench_trim`) and `DIR/gpu/*.json`
 (`benchmarks.bench_gpu`) when present, and writes `DIR/README.md` and `DIR/scaling.png` (log-log: seconds per step and the update step's
 memory against the doubled quantity). Speed-ups compare medians measured in the same run; the FLOP/s
 fractions divide the model's FLOPs (`benchmarks.workloads`) per second by the jax float32
@@ -394,6 +395,36 @@ def preference_table(results: pathlib.Path) -> list[str]:
     return lines
 
 
+def trim_table(results: pathlib.Path) -> list[str]:
+    path = results / "trim_cpu.json"
+    if not path.exists():
+        return []
+    rows = json.loads(path.read_text())["results"]
+    lines = [
+        "### Completions cut to the batch's longest (`benchmarks/bench_trim.py`)",
+        "",
+        "The step-by-step GRPO loop with `train.trim_completions` against the full "
+        "`max_new_tokens` width, a tenth of the byte ids as stop tokens (rows stop after "
+        "≈ 10 tokens); the two runs' steps alternate in one process. Median seconds per step "
+        "after the warm-up steps.",
+        "",
+        "| workload | widths | step s | sample s | forwards s | update s | step speed-up | "
+        "update speed-up |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        full, cut = r["full"], r["trimmed"]
+        cells = [
+            f"{_fmt(full[k])} → {_fmt(cut[k])}"
+            for k in ("time/step_s", "time/sample_s", "time/forward_s", "time/update_s")
+        ]
+        lines.append(
+            f"| {r['workload']} | {full['widths']} → {cut['widths']} | {' | '.join(cells)} | "
+            f"{r['speedup_step']:.2f}× | {r['speedup_update']:.2f}× |"
+        )
+    return lines
+
+
 def _gpu_decode_row(d: dict) -> str:
     shape = ", ".join(
         f"{k} {d[k]}"
@@ -495,6 +526,7 @@ def write_report(results: pathlib.Path, command: str) -> pathlib.Path:
         sampler_table(results),
         attention_table(results),
         preference_table(results),
+        trim_table(results),
         gpu_table(results),
     ]
     text = "\n\n".join("\n".join(s) for s in sections if s) + "\n"

@@ -5,7 +5,7 @@
 
 Options: `--peers-python PYTHON` (default `$PEERS_PYTHON`, else `/tmp/peers-venv/bin/python`
 when it exists; without it the peers are skipped with a message), `--force` (re-measure
-results that exist), `--skip losses sampler attention preference grpo`.
+results that exist), `--skip losses sampler attention preference trim grpo`.
 
 Runs, in this order, each in its own processes:
 
@@ -13,6 +13,7 @@ Runs, in this order, each in its own processes:
     sampler   benchmarks.bench_sampler  -> RESULTS/sampler_cpu.json (vs HF generate)
     attention benchmarks.bench_attention -> RESULTS/attention_cpu.json (whole vs query blocks)
     preference benchmarks.bench_preference -> RESULTS/preference_cpu.json (DPO, shared prompt)
+    trim      benchmarks.bench_trim     -> RESULTS/trim_cpu.json (completions cut to the longest)
     grpo      benchmarks.bench_grpo     -> RESULTS/grpo/*.json (matmul peak, ours, peers,
                                            scaling)
     report    benchmarks.report         -> RESULTS/README.md, RESULTS/scaling.png
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         "--skip",
         nargs="*",
         default=[],
-        choices=["losses", "sampler", "attention", "preference", "grpo"],
+        choices=["losses", "sampler", "attention", "preference", "trim", "grpo"],
         help="parts",
     )
     args = parser.parse_args(argv)
@@ -65,16 +66,12 @@ def main(argv: list[str] | None = None) -> int:
             sampler += ["--only", "tiny", "--repeat", "3"]
         if _run(sampler, bench_grpo.hugepage_env()):  # as `jaxrl-llm` runs itself
             failures.append("sampler")
-    if "attention" not in args.skip:
-        attention = [py, "-m", "benchmarks.bench_attention", "--out"]
-        attention += [str(results / "attention_cpu.json")] + (["--quick"] if args.quick else [])
-        if _run(attention, bench_grpo.hugepage_env()):
-            failures.append("attention")
-    if "preference" not in args.skip:
-        preference = [py, "-m", "benchmarks.bench_preference", "--out"]
-        preference += [str(results / "preference_cpu.json")] + (["--quick"] if args.quick else [])
-        if _run(preference, bench_grpo.hugepage_env()):
-            failures.append("preference")
+    for part in ("attention", "preference", "trim"):  # one in-process benchmark each
+        if part in args.skip:
+            continue
+        command = [py, "-m", f"benchmarks.bench_{part}", "--out", str(results / f"{part}_cpu.json")]
+        if _run(command + (["--quick"] if args.quick else []), bench_grpo.hugepage_env()):
+            failures.append(part)
     if "grpo" not in args.skip:
         args.out = str(results / "grpo") if args.out is None else args.out
         bench_grpo.run(args)

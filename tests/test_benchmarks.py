@@ -3,8 +3,8 @@
 A smoke test of `benchmarks/grpo_worker.py` as `bench_grpo` starts it (a subprocess printing
 one `RESULT` line; the step-by-step loop): it builds on the runner's internals (the update
 step, the log-prob forward), so a change there must not leave `make bench` broken; and of
-`benchmarks/bench_attention.py`'s and `benchmarks/bench_preference.py`'s measurements and their
-report tables; and of the GPU benchmark's
+`benchmarks/bench_attention.py`'s, `benchmarks/bench_preference.py`'s and
+`benchmarks/bench_trim.py`'s measurements and their report tables; and of the GPU benchmark's
 roofline and MFU arithmetic and its report table (the benchmark itself needs a GPU to mean
 anything). Nothing here is timed or compared.
 """
@@ -68,6 +68,18 @@ def test_the_preference_benchmark_measures_both_forms(tmp_path):
     assert table[0].startswith("### Each pair's prompt once, and packed") and len(table) == 9
     assert table[-2].startswith("| reward_model | tiny | 2 × 6 + 3 |") and "| — |" in table[-2]
     assert "| shared_prompt → packed | 112 → " in table[-1]
+
+
+def test_the_trim_benchmark_cuts_the_completions(tmp_path):
+    from benchmarks import bench_trim, report
+    from benchmarks.workloads import Workload
+
+    row = bench_trim.measure(Workload("tiny", 2, 2, 64), steps=1, warmup=0)
+    assert row["full"]["widths"] == [64] and row["trimmed"]["widths"][0] < 64
+    assert row["speedup_update"] > 0 and row["trimmed"]["time/update_s"] > 0
+    (tmp_path / "trim_cpu.json").write_text(json.dumps({"results": [row]}))
+    table = report.trim_table(tmp_path)
+    assert table[0].startswith("### Completions cut") and table[-1].startswith("| tiny__2x2x64 |")
 
 
 def test_the_gpu_benchmark_arithmetic_and_its_report(tmp_path):

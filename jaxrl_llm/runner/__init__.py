@@ -9,6 +9,7 @@
 - `programs`: the compiled programs, cached per process.
 - `scoring`, `rollout`: rewards (in-graph or host, overlong punishment, GDPO combination) and
   the rollout batch of a step (with DAPO's dynamic-sampling refills).
+- `completion_width`: the rollout batch cut to its longest completion (`train.trim_completions`).
 - `evaluate`, `eval_run`: greedy and temperature-1 accuracy, pass@k; `jaxrl-llm eval`.
 - `warm_start`: SFT before RL, cached in the run directory.
 - `preference`: offline preference runs (DPO, RPO, SimPO, CPO, ORPO, KTO) in the same loop.
@@ -29,6 +30,7 @@ from jaxrl_llm.runner.compiled import (
     iterations_program,
     make_iteration,
 )
+from jaxrl_llm.runner.completion_width import completion_width, trim_collected
 from jaxrl_llm.runner.config import (
     ExportConfig,
     ModelSection,
@@ -155,6 +157,7 @@ __all__ = [
     "combine_rewards",
     "compiled_init",
     "compiled_steps",
+    "completion_width",
     "component_rewards",
     "config_hash",
     "config_to_dict",
@@ -207,6 +210,7 @@ __all__ = [
     "task_arrays",
     "train",
     "trainable_patterns",
+    "trim_collected",
     "update_program",
     "update_row_groups",
     "value_program",

@@ -275,6 +275,11 @@ class TrainConfig:
         rejected completions.
       reference_sync: move the reference toward the policy every few steps
         (`ReferenceSyncConfig`; None: the reference stays the initial policy).
+      trim_completions: RL, step by step: cut each batch's completions to the next power of
+        two of its longest (at least `trim_minimum`, at most `sampling.max_new_tokens`)
+        before the forwards and the update (`runner.completion_width`; the same losses and
+        gradients up to float rounding, one compilation per width met).
+      trim_minimum: the smallest width `trim_completions` cuts to.
 
     Examples:
       >>> build(TrainConfig, {"steps": 3, "eval_pass_k": [1, 4]}).eval_pass_k
@@ -297,6 +302,8 @@ class TrainConfig:
     compilation_cache: str | None = "~/.cache/jaxrl_llm/jax"
     shared_prompt_forward: bool = True
     reference_sync: ReferenceSyncConfig | None = None
+    trim_completions: bool = True
+    trim_minimum: int = 16
 
     def __post_init__(self) -> None:
         minimum = {
@@ -307,6 +314,7 @@ class TrainConfig:
             "log_every": 1,
             "max_refills": 0,
             "max_consecutive_skips": 1,
+            "trim_minimum": 1,
         }
         for key, low in minimum.items():
             if getattr(self, key) < low:
@@ -455,6 +463,34 @@ class RunConfig:
             object.__setattr__(self, "preference", dataclasses.replace(pref, shared_prompt=True))
         if self.train.shared_prompt_forward and rm is not None:
             object.__setattr__(self, "reward_model", dataclasses.replace(rm, shared_prompt=True))
+
+    @property
+    def trims_completions(self) -> bool:
+        """Whether the step-by-step RL loop cuts each batch's completions to its longest
+        (`train.trim_completions`, `runner.completion_width`): an RL run whose aggregations do
+        not depend on the batch's width (no `seq_mean_token_sum_norm` without `norm_length`)."""
+        alg = self.algorithm
+        if alg is None or not self.train.trim_completions:
+            return False
+        norm = "seq_mean_token_sum_norm"
+        loss = alg.policy_loss
+        fixed = loss.effective_agg != norm or loss.norm_length is not None or loss.takes_norm_length
+        return fixed and (alg.critic is None or alg.critic.agg != norm)
+
+    @property
+    def update_objective(self) -> Any:
+        """The objective the update step optimises: `objective`, with an RL policy loss's
+        `seq_mean_token_sum_norm` constant (`norm_length`, the batch's width when None) set to
+        `sampling.max_new_tokens` when the loop trims completions (`trims_completions`), so
+        that it stays the generation budget (Dr. GRPO) whatever the batch's width."""
+        alg = self.algorithm
+        if not self.trims_completions:
+            return self.objective
+        loss = alg.policy_loss
+        if loss.effective_agg != "seq_mean_token_sum_norm" or loss.norm_length is not None:
+            return alg
+        loss = dataclasses.replace(loss, norm_length=self.sampling.max_new_tokens)
+        return dataclasses.replace(alg, policy_loss=loss)
 
     @property
     def kind(self) -> str:

@@ -4,6 +4,7 @@ Per step (RL):
 
     rollout   collect(): prompts → sampler (G samples per prompt) → rewards → overlong
               punishment → DAPO refills                                   `runner.rollout`
+    trim      completions cut to the batch's longest, bucketed      `runner.completion_width`
     forwards  old-policy log-probs (when the step reuses the batch or puts KL in the reward),
               reference log-probs (KL), old critic values (PPO)
     batch     build_rl_batch: advantages, returns, kept groups
@@ -53,6 +54,7 @@ from jaxrl_llm.metrics_log import (
     read_metrics,
 )
 from jaxrl_llm.runner.compiled import compiled_steps
+from jaxrl_llm.runner.completion_width import completion_width, trim_collected
 from jaxrl_llm.runner.config import RunConfig, config_to_dict
 from jaxrl_llm.runner.context import RunContext, reference_policy
 from jaxrl_llm.runner.evaluate import evaluate_policy, evaluate_sft
@@ -105,6 +107,12 @@ def _rl_step(
     key = jax.random.fold_in(_stream_key(config.seed, _SAMPLE_STREAM), step)
     collected, data = collect(ctx, state, data, key)
     forward_start = time.perf_counter()
+    width = collected.sequences.completion_mask.shape[1]
+    if config.trims_completions:
+        width = completion_width(
+            collected.lengths, max_width=width, minimum=config.train.trim_minimum
+        )
+        collected = trim_collected(collected, width)
     seqs = collected.sequences
     policy_params, policy_frozen = state.params["policy"], state.frozen["policy"]
     forward_group = prompt_group_size(config, ctx.mesh, update=False)
@@ -163,6 +171,7 @@ def _rl_step(
             "time/forward_s": update_start - forward_start,
             "time/update_s": done - update_start,
             "time/step_s": done - started,
+            "perf/completion_width": float(width),
             "perf/tokens_per_sec": tokens / max(done - started, 1e-9),
         }
     )

@@ -62,6 +62,7 @@ class Collected(NamedTuple):
       metrics: reward, response, dynamic-sampling and timing metrics.
       logprobs: `[N,T]` the sampler's unfiltered log-probs at τ (`Rollout.logprobs`), the old
         policy's with `algorithm.old_logprobs: sampler` (`sampler_old_logprobs`).
+      lengths: `[N]` host int, the selected rows' completion lengths (stop token included).
 
     Examples:
       >>> Collected(None, None, None, None, {"reward/mean": 0.5}).metrics["reward/mean"]
@@ -74,6 +75,7 @@ class Collected(NamedTuple):
     scores: Scores
     metrics: dict[str, float]
     logprobs: jax.Array | None = None
+    lengths: np.ndarray | None = None
 
 
 def sampler_old_logprobs(sequences: SequenceBatch, logprobs: jax.Array) -> jax.Array:
@@ -330,5 +332,6 @@ def collect(
         scores=scores,
         metrics=metrics,
         logprobs=rollout.logprobs,
+        lengths=_host_take([p["lengths"] for p in parts], rows),
     )
     return collected, data

@@ -388,7 +388,7 @@ def build_context(
         reference=reference if synced else None,  # checkpointed with the state
     )
     state = place_global(state, train_state_shardings(state, mesh, optimizer))
-    objective = config.objective
+    objective = config.update_objective
     groups = update_row_groups(config, task, params["policy"], mesh)
     update = update_program(
         objective,

@@ -233,6 +233,11 @@ class PolicyLossConfig:
         """`agg`, or the loss's default aggregation when it is None."""
         return self.agg or _DEFAULT_AGG[self.name]
 
+    @property
+    def takes_norm_length(self) -> bool:
+        """Whether the loss has a `norm_length` field (its `seq_mean_token_sum_norm` constant)."""
+        return "norm_length" in _LOSS_FIELDS[self.name]
+
     def kwargs(self) -> dict[str, Any]:
         """The keywords passed to the `losses` function (set fields only)."""
         out = {}

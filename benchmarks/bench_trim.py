@@ -1,0 +1,95 @@
+"""The RL loop's step with completions cut to the batch's longest (`train.trim_completions`,
+`jaxrl_llm.runner.completion_width`) against the full `max_new_tokens` width.
+
+Run with `python -m benchmarks.bench_trim [--out FILE.json] [--steps 8] [--quick]`.
+Never part of the test suite's pass/fail.
+
+The workload is the GRPO run of `benchmarks.bench_grpo` (`grpo_worker.run_config`: the
+arithmetic task, β = 0.04, ε = 0.2, AdamW 1e-3) on the small model, 8 prompts × 8 samples with
+a budget of 256 new tokens, and a tenth of the byte ids as stop tokens, so that completions
+stop after ≈ 10 tokens on average and the longest of the 64 rows after ≈ 40-60: the shape of
+a run whose budget is generous for what the policy writes. Two runs, trimmed and full, are
+prepared in one process and their steps alternate (`runner.loop._rl_step`: the same keys,
+so the same rollouts); the first `--warmup` steps of each (compilation, one per width met)
+are left out, and the table reports the medians of the rest: the step, its sampling (the same
+for both), its forwards (reference log-probs and advantages) and its update.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import pathlib
+import statistics
+import tempfile
+
+from benchmarks.grpo_worker import run_config
+from benchmarks.workloads import Workload, load_average, machine
+
+WORKLOADS = [Workload("small", 8, 8, 256)]
+QUICK = [Workload("tiny", 2, 4, 64)]
+STOP_EVERY = 10  # every tenth byte id stops a row
+KEYS = ("time/step_s", "time/sample_s", "time/forward_s", "time/update_s", "perf/completion_width")
+
+
+def _prepare(w: Workload, trim: bool, run_dir: str):
+    from jaxrl_llm.runner import prepare_run
+
+    config = run_config(w, run_dir, None, None)
+    stops = tuple(range(0, 256, STOP_EVERY))
+    config = dataclasses.replace(
+        config,
+        sampling=dataclasses.replace(config.sampling, stop_tokens=stops),
+        train=dataclasses.replace(config.train, trim_completions=trim),
+    )
+    prepared = prepare_run(config)
+    prepared.checkpointer.close()
+    return prepared
+
+
+def measure(w: Workload, steps: int, warmup: int) -> dict:
+    """Median phase times of the trimmed and the full runs (module docstring)."""
+    from jaxrl_llm.runner import loop
+
+    runs = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for trim in (True, False):
+            p = _prepare(w, trim, f"{tmp}/{trim}")
+            runs[trim] = [p.context, p.state, p.data, []]
+        for step in range(1, warmup + steps + 1):
+            for trim in (True, False):
+                ctx, state, data, history = runs[trim]
+                state, data, metrics = loop._rl_step(ctx, state, data, step)
+                runs[trim][1:3] = state, data
+                if step > warmup:
+                    history.append({k: metrics[k] for k in KEYS})
+    row = {"workload": w.name, "steps": steps, "load_before": load_average()}
+    for trim, name in ((True, "trimmed"), (False, "full")):
+        history = runs[trim][3]
+        row[name] = {k: statistics.median(h[k] for h in history) for k in KEYS}
+        row[name]["widths"] = sorted({int(h["perf/completion_width"]) for h in history})
+    for key in ("time/step_s", "time/forward_s", "time/update_s"):
+        row[f"speedup_{key.split('/')[1][:-2]}"] = row["full"][key] / row["trimmed"][key]
+    return row
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default=None, help="write the results to this JSON file")
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--quick", action="store_true", help="the tiny model")
+    args = parser.parse_args(argv)
+    results = []
+    for w in QUICK if args.quick else WORKLOADS:
+        row = measure(w, args.steps, args.warmup)
+        print(json.dumps(row), flush=True)
+        results.append(row)
+    if args.out:
+        out = {"machine": machine(), "results": results}
+        pathlib.Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""`train.trim_completions`: the RL loop cuts each batch's completions to its longest, bucketed
+(`jaxrl_llm.runner.completion_width`), with the steps of the full width.
+
+The run: the tiny run of the runner tests with 32 completion slots and three quarters of the
+byte ids as stop tokens, so that every row stops within a few tokens and the batch is cut to
+4 or 8 slots (`train.trim_minimum=4`). Two steps with and without the cut must give the same
+metrics and parameters up to float rounding, for a group-normalised loss (GRPO), Dr. GRPO's
+constant length normaliser (kept at `max_new_tokens`, not the cut width), PPO's critic with
+GAE, and DAPO's dynamic sampling (the kept rows' lengths).
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from jaxrl_llm.runner import load_run_config, loop, prepare_run
+from jaxrl_llm.runner.completion_width import completion_width, trim_collected
+from jaxrl_llm.runner.rollout import Collected
+from jaxrl_llm.train import SequenceBatch
+from tests.runner.helpers import CONFIGS, TINY
+
+T = 32
+STOPS = "sampling.stop_tokens=[" + ",".join(str(i) for i in range(256) if i % 4) + "]"
+RUN = [
+    *TINY,
+    STOPS,
+    f"sampling.max_new_tokens={T}",
+    "train.prompts_per_step=4",
+    "train.trim_minimum=4",
+    "train.compilation_cache=null",
+    "export.enabled=false",
+]
+
+
+def _steps(tmp_path, name, trim, *overrides):
+    run_dir = tmp_path / f"{name}-{trim}"
+    overrides = [*RUN, f"train.trim_completions={str(trim).lower()}", *overrides]
+    config = load_run_config(str(CONFIGS / f"{name}.yaml"), overrides, run_dir=run_dir)
+    prepared = prepare_run(config)
+    prepared.checkpointer.close()
+    ctx, state, data = prepared.context, prepared.state, prepared.data
+    history, widths = [], []
+    for step in (1, 2):
+        state, data, metrics = loop._rl_step(ctx, state, data, step)
+        widths.append(metrics["perf/completion_width"])
+        history.append({k: v for k, v in metrics.items() if not k.startswith(("time/", "perf/"))})
+    return history, widths, jax.tree.leaves(state.params)
+
+
+@pytest.mark.parametrize(
+    ("name", "overrides"),
+    [
+        ("grpo", ()),
+        ("dr_grpo", ()),
+        ("ppo_value_head_adaptive_kl", ()),
+        ("dapo", ("train.max_refills=1",)),
+    ],
+)
+def test_trimmed_steps_match_the_full_width(tmp_path, name, overrides):
+    history, widths, params = _steps(tmp_path, name, True, *overrides)
+    history_full, widths_full, params_full = _steps(tmp_path, name, False, *overrides)
+    assert widths_full == [T, T]
+    assert all(w in (4, 8, 16) for w in widths), widths  # every step was cut
+    assert history[0]["adv/std"] > 0 or "adv/std" not in history[0]
+    assert [h.keys() for h in history] == [h.keys() for h in history_full]
+    for metrics, metrics_full in zip(history, history_full, strict=True):
+        for key, value in metrics.items():
+            np.testing.assert_allclose(
+                value, metrics_full[key], rtol=2e-5, atol=1e-6, err_msg=f"{name}: {key}"
+            )
+    for a, b in zip(params, params_full, strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=1e-6)
+
+
+def test_dr_grpo_keeps_the_generation_budget_as_its_constant(tmp_path):
+    config = load_run_config(str(CONFIGS / "dr_grpo.yaml"), RUN, run_dir=tmp_path)
+    assert config.trims_completions
+    assert config.algorithm.policy_loss.norm_length is None  # the config is unchanged
+    assert config.update_objective.policy_loss.norm_length == T
+    off = load_run_config(
+        str(CONFIGS / "dr_grpo.yaml"), [*RUN, "train.trim_completions=false"], run_dir=tmp_path
+    )
+    assert not off.trims_completions and off.update_objective is off.algorithm
+
+
+def test_a_critic_normalised_by_the_width_keeps_the_full_width(tmp_path):
+    overrides = [*RUN, "algorithm.critic.agg=seq_mean_token_sum_norm"]
+    config = load_run_config(
+        str(CONFIGS / "ppo_value_head_adaptive_kl.yaml"), overrides, run_dir=tmp_path
+    )
+    assert not config.trims_completions
+
+
+def test_completion_width_buckets_the_longest_row():
+    assert completion_width([1, 5, 3], max_width=64, minimum=4) == 8
+    assert completion_width([1, 8], max_width=64, minimum=4) == 8
+    assert completion_width([9], max_width=64, minimum=4) == 16
+    assert completion_width([33], max_width=48, minimum=4) == 48  # capped at T
+    assert completion_width([], max_width=48, minimum=4) == 4
+    with pytest.raises(ValueError, match=r"lengths must lie in \[0, 8\]"):
+        completion_width([9], max_width=8, minimum=4)
+    with pytest.raises(ValueError, match="`minimum` must be >= 1"):
+        completion_width([1], max_width=8, minimum=0)
+
+
+def test_trim_collected_keeps_the_prompt_and_the_first_slots():
+    rng = np.random.default_rng(0)
+    P, T_, N = 3, 6, 2
+    tokens = rng.integers(0, 9, (N, P + T_)).astype(np.int32)
+    attention = np.ones((N, P + T_), np.int32)
+    mask = np.zeros((N, T_), np.float32)
+    mask[:, :2] = 1.0
+    logp = rng.normal(size=(N, T_)).astype(np.float32)
+    collected = Collected(
+        SequenceBatch(tokens, attention, mask), logp, np.zeros(N), None, {}, logp + 1.0
+    )
+    cut = trim_collected(collected, 2)
+    np.testing.assert_array_equal(cut.sequences.tokens, tokens[:, : P + 2])
+    np.testing.assert_array_equal(cut.sequences.attention_mask, attention[:, : P + 2])
+    np.testing.assert_array_equal(cut.sequences.completion_mask, mask[:, :2])
+    np.testing.assert_array_equal(cut.sampling_logprobs, logp[:, :2])
+    np.testing.assert_array_equal(cut.logprobs, logp[:, :2] + 1.0)
+    assert trim_collected(collected, T_) is collected
+    with pytest.raises(ValueError, match=r"`width` must be in \[1, 6\]"):
+        trim_collected(collected, 7)

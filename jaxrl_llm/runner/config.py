@@ -275,10 +275,11 @@ class TrainConfig:
         rejected completions.
       reference_sync: move the reference toward the policy every few steps
         (`ReferenceSyncConfig`; None: the reference stays the initial policy).
-      trim_completions: RL, step by step: cut each batch's completions to the next power of
-        two of its longest (at least `trim_minimum`, at most `sampling.max_new_tokens`)
-        before the forwards and the update (`runner.completion_width`; the same losses and
-        gradients up to float rounding, one compilation per width met).
+      trim_completions: the step-by-step RL loop, SFT runs and the warm start: cut each
+        batch's completions to the next power of two of its longest (at least
+        `trim_minimum`, at most `sampling.max_new_tokens`) before the forwards and the update
+        (`runner.completion_width`; the same losses and gradients up to float rounding, one
+        compilation per width met).
       trim_minimum: the smallest width `trim_completions` cuts to.
 
     Examples:
@@ -466,11 +467,16 @@ class RunConfig:
 
     @property
     def trims_completions(self) -> bool:
-        """Whether the step-by-step RL loop cuts each batch's completions to its longest
+        """Whether the step-by-step loop cuts each batch's completions to its longest
         (`train.trim_completions`, `runner.completion_width`): an RL run whose aggregations do
-        not depend on the batch's width (no `seq_mean_token_sum_norm` without `norm_length`)."""
+        not depend on the batch's width once `update_objective` fixes `norm_length`, or an
+        unpacked SFT run not aggregated with `seq_mean_token_sum_norm`."""
+        if not self.train.trim_completions:
+            return False
+        if self.sft is not None:
+            return not self.sft.packing and self.sft.agg != "seq_mean_token_sum_norm"
         alg = self.algorithm
-        if alg is None or not self.train.trim_completions:
+        if alg is None:
             return False
         norm = "seq_mean_token_sum_norm"
         loss = alg.policy_loss
@@ -484,7 +490,7 @@ class RunConfig:
         `sampling.max_new_tokens` when the loop trims completions (`trims_completions`), so
         that it stays the generation budget (Dr. GRPO) whatever the batch's width."""
         alg = self.algorithm
-        if not self.trims_completions:
+        if alg is None or not self.trims_completions:
             return self.objective
         loss = alg.policy_loss
         if loss.effective_agg != "seq_mean_token_sum_norm" or loss.norm_length is not None:

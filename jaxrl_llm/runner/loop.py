@@ -54,7 +54,7 @@ from jaxrl_llm.metrics_log import (
     read_metrics,
 )
 from jaxrl_llm.runner.compiled import compiled_steps
-from jaxrl_llm.runner.completion_width import completion_width, trim_collected
+from jaxrl_llm.runner.completion_width import completion_width, trim_collected, trim_to_longest
 from jaxrl_llm.runner.config import RunConfig, config_to_dict
 from jaxrl_llm.runner.context import RunContext, reference_policy
 from jaxrl_llm.runner.evaluate import evaluate_policy, evaluate_sft
@@ -195,8 +195,11 @@ def _sft_step(
     )
     examples = [task.train[task.sft_train[i]] for i in indices]
     batch = sft_batch(task, examples, ctx.config, ctx.tokenizer)
-    tokens = float(batch.completion_mask.sum())
     packing: dict[str, float] = {}
+    if ctx.config.trims_completions:
+        batch = trim_to_longest(batch, minimum=ctx.config.train.trim_minimum)
+        packing["perf/completion_width"] = float(batch.completion_mask.shape[1])
+    tokens = float(batch.completion_mask.sum())
     sft = ctx.config.sft
     if sft.packing:
         parts = sft.minibatches * ctx.config.optim.accumulation_steps

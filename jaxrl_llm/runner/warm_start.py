@@ -23,6 +23,7 @@ import jax
 
 from jaxrl_llm.checkpoint import Checkpointer
 from jaxrl_llm.data import IteratorState, next_batch
+from jaxrl_llm.runner.completion_width import trim_to_longest
 from jaxrl_llm.runner.config import RunConfig, config_hash
 from jaxrl_llm.runner.programs import update_program
 from jaxrl_llm.runner.task import TaskData, packed_sft_batch, packing_row_unit, sft_batch
@@ -152,6 +153,8 @@ def _train(
         )
         examples = [task.train[task.sft_train[j]] for j in indices]
         batch = sft_batch(task, examples, config, tokenizer)
+        if config.train.trim_completions and not section.packing:
+            batch = trim_to_longest(batch, minimum=config.train.trim_minimum)
         if section.packing:
             batch = packed_sft_batch(
                 task, batch, length=section.packing_length, unit=unit, pad_id=tokenizer.pad_id

@@ -6,7 +6,8 @@ byte ids as stop tokens, so that every row stops within a few tokens and the bat
 4 or 8 slots (`train.trim_minimum=4`). Two steps with and without the cut must give the same
 metrics and parameters up to float rounding, for a group-normalised loss (GRPO), Dr. GRPO's
 constant length normaliser (kept at `max_new_tokens`, not the cut width), PPO's critic with
-GAE, and DAPO's dynamic sampling (the kept rows' lengths).
+GAE, and DAPO's dynamic sampling (the kept rows' lengths). The same for two SFT steps and a
+warm start, whose (prompt, answer) batches are cut to the longest answer + EOS.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import numpy as np
 import pytest
 
 from jaxrl_llm.runner import load_run_config, loop, prepare_run
-from jaxrl_llm.runner.completion_width import completion_width, trim_collected
+from jaxrl_llm.runner.completion_width import completion_width, trim_collected, trim_to_longest
 from jaxrl_llm.runner.rollout import Collected
 from jaxrl_llm.train import SequenceBatch
 from tests.runner.helpers import CONFIGS, TINY
@@ -125,3 +126,55 @@ def test_trim_collected_keeps_the_prompt_and_the_first_slots():
     assert trim_collected(collected, T_) is collected
     with pytest.raises(ValueError, match=r"`width` must be in \[1, 6\]"):
         trim_collected(collected, 7)
+
+
+def _sft_steps(tmp_path, trim):
+    overrides = [*RUN, f"train.trim_completions={str(trim).lower()}"]
+    config = load_run_config(str(CONFIGS / "sft.yaml"), overrides, run_dir=tmp_path / str(trim))
+    assert config.trims_completions == trim
+    prepared = prepare_run(config)
+    prepared.checkpointer.close()
+    ctx, state, data = prepared.context, prepared.state, prepared.data
+    history = []
+    for step in (1, 2):
+        state, data, metrics = loop._sft_step(ctx, state, data, step)
+        history.append(metrics)
+    return history, jax.tree.leaves(state.params)
+
+
+def test_sft_steps_cut_to_the_longest_answer_match_the_full_width(tmp_path):
+    history, params = _sft_steps(tmp_path, True)
+    history_full, params_full = _sft_steps(tmp_path, False)
+    assert [h["perf/completion_width"] for h in history] == [4, 4]  # "d" or "dd" + EOS
+    assert "perf/completion_width" not in history_full[0]
+    for metrics, metrics_full in zip(history, history_full, strict=True):
+        np.testing.assert_allclose(metrics["sft/nll"], metrics_full["sft/nll"], rtol=2e-5)
+    for a, b in zip(params, params_full, strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=1e-6)
+
+
+def test_the_warm_start_cut_to_the_longest_answer_matches_the_full_width(tmp_path, monkeypatch):
+    from jaxrl_llm.runner import warm_start
+
+    widths = []
+
+    def spy(batch, *, minimum):
+        cut = trim_to_longest(batch, minimum=minimum)
+        widths.append(cut.completion_mask.shape[1])
+        return cut
+
+    monkeypatch.setattr(warm_start, "trim_to_longest", spy)
+    params = {}
+    for trim in (True, False):
+        overrides = [*RUN, "warm_start={steps: 2, batch_size: 4}"]
+        overrides.append(f"train.trim_completions={str(trim).lower()}")
+        config = load_run_config(
+            str(CONFIGS / "grpo.yaml"), overrides, run_dir=tmp_path / str(trim)
+        )
+        prepared = prepare_run(config)
+        prepared.checkpointer.close()
+        assert prepared.info["warm_start/cached"] == 0.0
+        params[trim] = jax.tree.leaves(prepared.state.params)
+    for a, b in zip(params[True], params[False], strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=1e-6)
+    assert widths == [4, 4]  # the trimmed run's two steps; the full run's none

@@ -8,6 +8,8 @@
 * `packing` — several SFT sequences per row: `pack_batch`, `best_fit_decreasing`.
 * `pair_packing` — several preference pairs per row, each prompt once: `pack_pairs`,
   `PackedPairs`, `packed_pair_logprobs`, `packed_pair_scores`.
+* `group_packing` — padding-free rollout batches, each prompt once with its `G` completions:
+  `pack_groups`, `PackedGroups`, `PackedSequences`, `packed_completion_logprobs`.
 * `logprobs` — chunked completion log-probs / entropies / values and their jitted forwards.
 * `algorithms` — `AlgorithmConfig`, named `PRESETS`, and the composed RL loss.
 * `advantages` — rewards → advantages, returns and the kept-groups mask; `build_rl_batch`.
@@ -49,6 +51,13 @@ from jaxrl_llm.train.batch import (
     check_sequence_batch,
     count_normalizers,
     prompt_length,
+)
+from jaxrl_llm.train.group_packing import (
+    PackedGroups,
+    PackedSequences,
+    check_packed_groups,
+    pack_groups,
+    packed_completion_logprobs,
 )
 from jaxrl_llm.train.logprobs import (
     chunked_logprobs,
@@ -140,7 +149,9 @@ __all__ = [
     "Normalizers",
     "Objective",
     "OptimConfig",
+    "PackedGroups",
     "PackedPairs",
+    "PackedSequences",
     "PolicyLossConfig",
     "PreferenceBatch",
     "PreferenceConfig",
@@ -157,6 +168,7 @@ __all__ = [
     "build_rl_batch",
     "call_on_pairs",
     "check_data_parallel",
+    "check_packed_groups",
     "check_preference_batch",
     "check_rl_batch",
     "check_sequence_batch",
@@ -192,8 +204,10 @@ __all__ = [
     "online_dpo_pairs",
     "online_dpo_select",
     "pack_batch",
+    "pack_groups",
     "pack_pairs",
     "pack_preference_batch",
+    "packed_completion_logprobs",
     "packed_pair_logprobs",
     "packed_pair_scores",
     "packing_fill",

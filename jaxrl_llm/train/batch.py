@@ -64,6 +64,10 @@ class RLBatch(NamedTuple):
       old_values: `[N,T]` critic values before the update (value clipping), or None.
       returns: `[N,T]` value targets (from GAE), or None.
       rollout_logp: `[N,T]` behaviour log-probs of the sampler (rollout correction), or None.
+      packed: the batch's groups packed several to a row (`jaxrl_llm.train.pack_groups`), or
+        None; the policy's forward then runs the packed rows (its row leaves have a leading
+        axis of packed rows, so only an update that makes one optimizer update per batch
+        takes it).
 
     Examples:
       >>> import jax.numpy as jnp
@@ -83,6 +87,7 @@ class RLBatch(NamedTuple):
     old_values: jax.Array | None = None
     returns: jax.Array | None = None
     rollout_logp: jax.Array | None = None
+    packed: Any = None
 
 
 class Normalizers(NamedTuple):
@@ -211,3 +216,7 @@ def check_rl_batch(batch: RLBatch, *, where: str) -> None:
                 f"{where}: `{name}` must be a floating array of shape {shape} ([N,T]), got "
                 f"{value.dtype}{value.shape}."
             )
+    if batch.packed is not None:
+        from jaxrl_llm.train.group_packing import check_packed_groups
+
+        check_packed_groups(batch.packed, *shape, where=where)

@@ -29,6 +29,7 @@ import losses
 from jaxrl_llm.models import ValueModel, positions_from_mask, positions_from_segments
 from jaxrl_llm.models.position_chunks import map_position_chunks
 from jaxrl_llm.train.batch import SequenceBatch, check_sequence_batch, prompt_length
+from jaxrl_llm.train.group_packing import PackedSequences, packed_completion_logprobs
 from jaxrl_llm.train.pair_packing import PackedPairs, packed_pair_logprobs
 
 
@@ -160,6 +161,8 @@ def completion_logprobs(
 
     Returns:
       `(logp[N,T], entropy[N,T] or None, hidden[N,T,D])`; the hidden states feed a value head.
+      An `RLBatch` with `packed` groups runs the packed rows instead
+      (`packed_completion_logprobs`) and returns no hidden states (None).
 
     Examples:
       >>> class Model:  # a Decoder in practice
@@ -172,6 +175,17 @@ def completion_logprobs(
       >>> lp.round(3).tolist()
       [[-0.02, -0.02, 0.0]]
     """
+    packed = getattr(batch, "packed", None)
+    if packed is not None:
+        logp, entropy = packed_completion_logprobs(
+            model,
+            batch,
+            packed,
+            temperature=temperature,
+            chunk_size=chunk_size,
+            with_entropy=with_entropy,
+        )
+        return logp, entropy, None
     hidden = completion_hidden(model, batch, group_size=group_size)
     P = prompt_length(batch)
     targets = batch.tokens[:, P:]
@@ -245,7 +259,8 @@ def make_logprob_fn(
 
     Returns:
       The jitted function; it returns float32 log-probs, 0 outside the completion mask
-      (called on `PackedPairs`, the pairs' `[N, 2, T]`: `packed_pair_logprobs`).
+      (called on `PackedPairs`, the pairs' `[N, 2, T]`: `packed_pair_logprobs`; on
+      `PackedSequences`, the padded batch's `[N, T]` from its packed groups).
 
     Examples:
       >>> from jaxrl_llm.models import Decoder, ModelConfig
@@ -265,6 +280,15 @@ def make_logprob_fn(
             return packed_pair_logprobs(
                 model, batch, temperature=temperature, chunk_size=chunk_size
             )
+        if isinstance(batch, PackedSequences):  # packed rollout groups: logp[N, T]
+            logp, _ = packed_completion_logprobs(
+                model,
+                batch.sequences,
+                batch.packed,
+                temperature=temperature,
+                chunk_size=chunk_size,
+            )
+            return logp
         logp, _, _ = completion_logprobs(
             model, batch, temperature=temperature, chunk_size=chunk_size, group_size=group_size
         )

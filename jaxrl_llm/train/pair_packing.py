@@ -250,11 +250,12 @@ def _place(
     slots: np.ndarray,
     ends: np.ndarray,
 ) -> int:
-    """Write one pair at slot `start` of row `r`; fill its `slots[2, T]` and `ends[2]`; the
+    """Write one prompt and its `K` responses (a pair: chosen, rejected) at slot `start` of row
+    `r`, the `k`-th response with role `k + 1`; fill their `slots[K, T]` and `ends[K]`; the
     next free slot."""
     p = len(prompt)
     pieces = [(prompt, PROMPT, 0)] + [
-        (tokens, role, p) for role, tokens in ((CHOSEN, responses[0]), (REJECTED, responses[1]))
+        (tokens, role, p) for role, tokens in enumerate(responses, start=CHOSEN)
     ]
     at = start
     for tokens, role, first_position in pieces:

@@ -72,6 +72,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import losses
 from jaxrl_llm.train.batch import Normalizers
+from jaxrl_llm.train.group_packing import PackedGroups
 from jaxrl_llm.train.metrics import MicroStats, micro_batch_stats, reduce_stats
 from jaxrl_llm.train.objectives import Objective
 from jaxrl_llm.train.optim import has_learning_rate, learning_rate
@@ -133,6 +134,9 @@ def _micro_batches(batch: Any, minibatches: int, k: int, unit: int = 1) -> Any:
     changes which rows share an update); its micro-batch `i` holds every `k`-th of those,
     starting at the `i`-th: units `m + M·(i + k·r)`, each unit's rows consecutive and in order.
     """
+
+    if minibatches * k == 1:  # one micro-batch: the batch in order (packed rows included)
+        return jax.tree.map(lambda x: x[None], batch)
 
     def split(x: jax.Array) -> jax.Array:
         n = x.shape[0] // (minibatches * k * unit)  # units per micro-batch
@@ -324,6 +328,11 @@ def update_step(
         raise ValueError(
             f"{where}: the batch has N = {N} {held}, not divisible into minibatches × "
             f"accumulation_steps = {minibatches} × {k} = {parts} equal micro-batches{units}."
+        )
+    if isinstance(getattr(batch, "packed", None), PackedGroups) and parts > 1:
+        raise ValueError(
+            f"{where}: packed groups (`RLBatch.packed`) need one micro-batch, got minibatches "
+            f"× accumulation_steps = {minibatches} × {k}; pack for one update per batch."
         )
     if (k > 1) != isinstance(state.opt_state, optax.MultiStepsState):
         raise ValueError(

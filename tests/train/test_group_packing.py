@@ -1,0 +1,211 @@
+"""Packed rollout groups (`jaxrl_llm.train.group_packing`): the layout against a hand-built
+oracle, the same log-probs, entropies, losses, gradients and updates as the padded forward, and
+the refusals."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from jaxrl_llm.models import Decoder, ModelConfig
+from jaxrl_llm.train import (
+    PackedSequences,
+    RLBatch,
+    SequenceBatch,
+    best_fit_decreasing,
+    completion_logprobs,
+    count_normalizers,
+    init_train_state,
+    make_logprob_fn,
+    make_update_step,
+    pack_groups,
+    packed_completion_logprobs,
+    preset,
+    rl_objective,
+    split_models,
+)
+from tests.train.helpers import V, tiny_policy, tree_max_abs_diff
+
+B, G, P, T = 3, 4, 6, 7
+
+
+def grouped_batch(seed: int = 0) -> SequenceBatch:
+    """`B` prompts (left-padded, 2..P real tokens) × `G` completions of 1..T real tokens (one
+    full), one row invalid (its completion mask zeroed, its tokens real)."""
+    rng = np.random.default_rng(seed)
+    tokens = np.zeros((B * G, P + T), np.int32)
+    attention = np.zeros((B * G, P + T), np.int32)
+    mask = np.zeros((B * G, T), np.float32)
+    for b in range(B):
+        p = int(rng.integers(2, P + 1))
+        prompt = rng.integers(1, V, p)
+        for k in range(G):
+            n = b * G + k
+            c = T if n == 1 else int(rng.integers(1, T + 1))
+            tokens[n, P - p : P] = prompt
+            tokens[n, P : P + c] = rng.integers(1, V, c)
+            attention[n, P - p : P + c] = 1
+            mask[n, :c] = 1.0
+    mask[5] = 0.0  # an invalid row: attended to, no target
+    return SequenceBatch(jnp.asarray(tokens), jnp.asarray(attention), jnp.asarray(mask))
+
+
+def _packed(batch, **kw):
+    return jax.tree.map(jnp.asarray, pack_groups(jax.tree.map(np.asarray, batch), G, **kw))
+
+
+def test_layout_matches_a_hand_built_oracle():
+    """Two groups of 2: real lengths 1 + 1 + 2 and 2 + 1 + 0, rows of 8 slots: one row, groups
+    in index order; each completion continues its prompt's positions; slots point at the
+    predicting state (the prompt's last for token 0)."""
+    b = SequenceBatch(
+        np.array([[0, 3, 1, 0], [0, 3, 2, 2], [5, 6, 1, 0], [5, 6, 0, 0]]),
+        np.array([[0, 1, 1, 0], [0, 1, 1, 1], [1, 1, 1, 0], [1, 1, 0, 0]]),
+        np.array([[1.0, 0.0], [1.0, 1.0], [1.0, 0.0], [0.0, 0.0]]),
+    )
+    p = pack_groups(b, 2, length=8, pad_id=9)
+    assert p.tokens.tolist() == [[3, 1, 2, 2, 5, 6, 1, 9]]
+    assert p.positions.tolist() == [[0, 1, 1, 2, 0, 1, 2, 0]]
+    assert p.segment_ids.tolist() == [[1, 1, 1, 1, 2, 2, 2, 0]]
+    assert p.roles.tolist() == [[0, 1, 2, 2, 0, 0, 1, 0]]
+    assert p.row.tolist() == [0, 0, 0, 0]
+    assert p.slots.tolist() == [[0, 0], [0, 2], [5, 0], [0, 0]]
+    # rows of 5 slots: one group per row; the default row step keeps both rows
+    split = pack_groups(b, 2, length=5)
+    assert split.tokens.shape == (2, 5) and split.row.tolist() == [0, 0, 1, 1]
+
+
+def test_the_row_count_is_rounded_to_few_shapes():
+    batch = jax.tree.map(np.asarray, grouped_batch())
+    real = batch.attention_mask.reshape(B, G, P + T)
+    sizes = [int(real[b, 0, :P].sum() + real[b, :, P:].sum()) for b in range(B)]
+    L = max(max(sizes), sum(sorted(sizes)[:2]))  # the two shortest groups share a row
+    bins = len(best_fit_decreasing(sizes, L))
+    assert 1 < bins < B  # the case is not degenerate
+    assert pack_groups(batch, G, length=L, row_step=1).tokens.shape == (bins, L)
+    assert pack_groups(batch, G, length=L, row_step=2).tokens.shape[0] == min(2 * -(-bins // 2), B)
+    assert pack_groups(batch, G, length=L, row_step=8).tokens.shape[0] == B  # at most B rows
+    whole = pack_groups(batch, G)  # rows of P + G·T slots, ⌈B / 8⌉ = 1: the fewest rows
+    assert whole.tokens.shape == (len(best_fit_decreasing(sizes, P + G * T)), P + G * T)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gemma2"])
+def test_logprobs_and_entropies_match_the_padded_forward(family):
+    """Every completion token's log-prob and entropy, also with sliding-window layers (window 3:
+    the window is in positions, which continue the prompt in every completion)."""
+    if family == "gemma2":
+        config = ModelConfig(
+            family="gemma2", vocab_size=V, hidden_size=32, intermediate_size=64,
+            num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
+            layer_types=("sliding_attention", "full_attention"), sliding_window=3,
+        )  # fmt: skip
+        model = Decoder(config, rngs=nnx.Rngs(0))
+    else:
+        model = tiny_policy()
+    batch = grouped_batch()
+    packed = _packed(batch)
+    assert packed.tokens.shape[1] == P + G * T
+    logp, entropy, _ = completion_logprobs(model, batch, with_entropy=True)
+    packed_logp, packed_entropy = packed_completion_logprobs(
+        model, batch, packed, with_entropy=True
+    )
+    mask = np.asarray(batch.completion_mask) > 0
+    np.testing.assert_allclose(np.asarray(packed_logp), np.asarray(logp), atol=2e-5)
+    np.testing.assert_allclose(
+        np.asarray(packed_entropy)[mask], np.asarray(entropy)[mask], atol=2e-5
+    )
+    assert np.all(np.asarray(packed_logp)[~mask] == 0.0)
+    # the jitted forward of the loop's old-policy and reference log-probs
+    graphs, params, frozen = split_models(model)
+    fn = make_logprob_fn(graphs.policy)
+    np.testing.assert_allclose(
+        np.asarray(fn(params["policy"], frozen["policy"], PackedSequences(batch, packed))),
+        np.asarray(fn(params["policy"], frozen["policy"], batch)),
+        atol=2e-5,
+    )
+
+
+def _rl_batch(batch, packed=None):
+    rng = np.random.default_rng(1)
+    advantages = jnp.asarray(rng.normal(size=batch.completion_mask.shape), jnp.float32)
+    old = jnp.asarray(rng.normal(size=batch.completion_mask.shape) * 0.1 - 3.0, jnp.float32)
+    ref = old + 0.05
+    return RLBatch(
+        batch.tokens,
+        batch.attention_mask,
+        batch.completion_mask,
+        advantages=advantages * batch.completion_mask,
+        old_logp=old * batch.completion_mask,
+        ref_logp=ref * batch.completion_mask,
+        packed=packed,
+    )
+
+
+@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "dapo", "gspo"])
+def test_rl_losses_and_gradients_match_the_padded_batch(name):
+    alg = preset(name)
+    graphs, params, frozen = split_models(tiny_policy())
+    objective = rl_objective(alg, graphs)
+    batch = grouped_batch()
+    norms = count_normalizers(batch.completion_mask)
+
+    def value_and_grad(rl_batch):
+        def loss(p):
+            return objective.loss(p, frozen, rl_batch, norms, jnp.float32(0.04))
+
+        return jax.value_and_grad(loss, has_aux=True)(params)
+
+    (loss, metrics), grads = value_and_grad(_rl_batch(batch))
+    (packed_loss, packed_metrics), packed_grads = value_and_grad(_rl_batch(batch, _packed(batch)))
+    np.testing.assert_allclose(float(packed_loss), float(loss), rtol=1e-5, atol=1e-6)
+    for key, value in metrics.items():
+        np.testing.assert_allclose(packed_metrics[key], value, rtol=1e-4, atol=1e-6, err_msg=key)
+    assert tree_max_abs_diff(packed_grads, grads) < 1e-5
+    assert max(float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(grads)) > 1e-3
+
+
+def test_an_update_step_on_packed_groups_matches_the_padded_one():
+    alg = preset("grpo")
+    graphs, params, frozen = split_models(tiny_policy())
+    tx = optax.adam(1e-2)
+    step = make_update_step(rl_objective(alg, graphs, group_size=G), tx)
+    batch = grouped_batch()
+    states = {}
+    for form, packed in (("padded", None), ("packed", _packed(batch))):
+        fresh = jax.tree.map(jnp.copy, params)  # the step donates its state
+        state = init_train_state(fresh, frozen, tx, key=jax.random.key(0))
+        for _ in range(2):
+            state, _ = step(state, _rl_batch(batch, packed))
+        states[form] = state.params
+    assert tree_max_abs_diff(states["packed"], states["padded"]) < 2e-5
+    with pytest.raises(ValueError, match=r"packed groups .* need one micro-batch"):
+        split = make_update_step(rl_objective(alg, graphs), tx, minibatches=2)
+        split(
+            init_train_state(params, frozen, tx, key=jax.random.key(0)),
+            _rl_batch(batch, _packed(batch)),
+        )
+
+
+def test_refusals_name_the_problem():
+    batch = jax.tree.map(np.asarray, grouped_batch())
+    with pytest.raises(ValueError, match="12 rows do not form groups of group_size = 5"):
+        pack_groups(batch, 5)
+    other = batch._replace(tokens=batch.tokens.copy())
+    other.tokens[2, P - 1] += 1
+    with pytest.raises(ValueError, match="rows 0 and 2 of group 0 hold different prompts"):
+        pack_groups(other, G)
+    target_on_pad = batch._replace(completion_mask=batch.completion_mask.copy())
+    short = int(np.flatnonzero(batch.attention_mask[:, -1] == 0)[0])  # a row that stopped
+    target_on_pad.completion_mask[short, :] = 1.0
+    with pytest.raises(ValueError, match="completion target on a padding slot"):
+        pack_groups(target_on_pad, G)
+    with pytest.raises(ValueError, match="`length` 5"):
+        pack_groups(batch, G, length=5)
+    wrong = _packed(grouped_batch())._replace(slots=jnp.zeros((B * G, T + 1), jnp.int32))
+    rl = _rl_batch(grouped_batch(), wrong)
+    with pytest.raises(ValueError, match="`packed` must hold the N = 12 rows"):
+        rl_objective(preset("grpo"), split_models(tiny_policy())[0]).check(rl, 1)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import pathlib
 import statistics
 import time
 from typing import Any
@@ -35,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from benchmarks.workloads import MODELS, load_average, machine
+from benchmarks.workloads import MODELS, load_average, write_results
 from jaxrl_llm.data import PreferenceDataConfig, TokenizedPreference, make_preference_batch
 from jaxrl_llm.models import Decoder, ValueModel
 from jaxrl_llm.train import (
@@ -231,9 +230,7 @@ def main(argv: list[str] | None = None) -> None:
         row = measure(*shape, args.repeat, objective)
         print(json.dumps(row), flush=True)
         results.append(row)
-    if args.out:
-        out = {"machine": machine(), "results": results}
-        pathlib.Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    write_results(args.out, results)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,7 @@
 """The RL loop's step with completions cut to the batch's longest (`train.trim_completions`,
-`jaxrl_llm.runner.completion_width`) against the full `max_new_tokens` width.
+`jaxrl_llm.runner.completion_width`), and with its groups packed without padding
+(`train.pack_groups`, `jaxrl_llm.runner.packed_groups`), against the full `max_new_tokens`
+width.
 
 Run with `python -m benchmarks.bench_trim [--out FILE.json] [--steps 8] [--quick]`.
 Never part of the test suite's pass/fail.
@@ -8,11 +10,12 @@ The workload is the GRPO run of `benchmarks.bench_grpo` (`grpo_worker.run_config
 arithmetic task, β = 0.04, ε = 0.2, AdamW 1e-3) on the small model, 8 prompts × 8 samples with
 a budget of 256 new tokens, and a tenth of the byte ids as stop tokens, so that completions
 stop after ≈ 10 tokens on average and the longest of the 64 rows after ≈ 40-60: the shape of
-a run whose budget is generous for what the policy writes. Two runs, trimmed and full, are
-prepared in one process and their steps alternate (`runner.loop._rl_step`: the same keys,
-so the same rollouts); the first `--warmup` steps of each (compilation, one per width met)
-are left out, and the table reports the medians of the rest: the step, its sampling (the same
-for both), its forwards (reference log-probs and advantages) and its update.
+a run whose budget is generous for what the policy writes. Three runs — full, trimmed, and
+trimmed with packed groups — are prepared in one process and their steps alternate
+(`runner.loop._rl_step`: the same keys, so the same rollouts); the first `--warmup` steps of
+each (compilation, one per shape met) are left out, and the table reports the medians of the
+rest: the step, its sampling (the same for all), its forwards (reference log-probs and
+advantages) and its update.
 """
 
 from __future__ import annotations
@@ -20,20 +23,20 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import pathlib
 import statistics
 import tempfile
 
 from benchmarks.grpo_worker import run_config
-from benchmarks.workloads import Workload, load_average, machine
+from benchmarks.workloads import Workload, load_average, write_results
 
 WORKLOADS = [Workload("small", 8, 8, 256)]
 QUICK = [Workload("tiny", 2, 4, 64)]
 STOP_EVERY = 10  # every tenth byte id stops a row
 KEYS = ("time/step_s", "time/sample_s", "time/forward_s", "time/update_s", "perf/completion_width")
+FORMS = {"full": (False, False), "trimmed": (True, False), "packed": (True, True)}
 
 
-def _prepare(w: Workload, trim: bool, run_dir: str):
+def _prepare(w: Workload, trim: bool, pack: bool, run_dir: str):
     from jaxrl_llm.runner import prepare_run
 
     config = run_config(w, run_dir, None, None)
@@ -41,7 +44,7 @@ def _prepare(w: Workload, trim: bool, run_dir: str):
     config = dataclasses.replace(
         config,
         sampling=dataclasses.replace(config.sampling, stop_tokens=stops),
-        train=dataclasses.replace(config.train, trim_completions=trim),
+        train=dataclasses.replace(config.train, trim_completions=trim, pack_groups=pack),
     )
     prepared = prepare_run(config)
     prepared.checkpointer.close()
@@ -49,28 +52,33 @@ def _prepare(w: Workload, trim: bool, run_dir: str):
 
 
 def measure(w: Workload, steps: int, warmup: int) -> dict:
-    """Median phase times of the trimmed and the full runs (module docstring)."""
+    """Median phase times of the full, trimmed and packed runs (module docstring)."""
     from jaxrl_llm.runner import loop
 
     runs = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for trim in (True, False):
-            p = _prepare(w, trim, f"{tmp}/{trim}")
-            runs[trim] = [p.context, p.state, p.data, []]
+        for form, (trim, pack) in FORMS.items():
+            p = _prepare(w, trim, pack, f"{tmp}/{form}")
+            runs[form] = [p.context, p.state, p.data, []]
         for step in range(1, warmup + steps + 1):
-            for trim in (True, False):
-                ctx, state, data, history = runs[trim]
+            for form in FORMS:
+                ctx, state, data, history = runs[form]
                 state, data, metrics = loop._rl_step(ctx, state, data, step)
-                runs[trim][1:3] = state, data
+                runs[form][1:3] = state, data
                 if step > warmup:
-                    history.append({k: metrics[k] for k in KEYS})
+                    history.append({k: metrics[k] for k in KEYS if k in metrics})
+                    history[-1]["slots"] = metrics.get("perf/packed_rows", 0.0)
     row = {"workload": w.name, "steps": steps, "load_before": load_average()}
-    for trim, name in ((True, "trimmed"), (False, "full")):
-        history = runs[trim][3]
-        row[name] = {k: statistics.median(h[k] for h in history) for k in KEYS}
-        row[name]["widths"] = sorted({int(h["perf/completion_width"]) for h in history})
-    for key in ("time/step_s", "time/forward_s", "time/update_s"):
-        row[f"speedup_{key.split('/')[1][:-2]}"] = row["full"][key] / row["trimmed"][key]
+    for form in FORMS:
+        history = runs[form][3]
+        row[form] = {k: statistics.median(h[k] for h in history) for k in KEYS}
+        row[form]["widths"] = sorted({int(h["perf/completion_width"]) for h in history})
+        if form == "packed":
+            row[form]["rows"] = sorted({int(h["slots"]) for h in history})
+    for form in ("trimmed", "packed"):
+        for key in ("time/step_s", "time/forward_s", "time/update_s"):
+            name = key.split("/")[1][:-2]
+            row[f"speedup_{form}_{name}"] = row["full"][key] / row[form][key]
     return row
 
 
@@ -86,9 +94,7 @@ def main(argv: list[str] | None = None) -> None:
         row = measure(w, args.steps, args.warmup)
         print(json.dumps(row), flush=True)
         results.append(row)
-    if args.out:
-        out = {"machine": machine(), "results": results}
-        pathlib.Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    write_results(args.out, results)
 
 
 if __name__ == "__main__":

@@ -401,27 +401,33 @@ def trim_table(results: pathlib.Path) -> list[str]:
         return []
     rows = json.loads(path.read_text())["results"]
     lines = [
-        "### Completions cut to the batch's longest (`benchmarks/bench_trim.py`)",
+        "### Completions cut to the batch's longest, groups packed (`benchmarks/bench_trim.py`)",
         "",
-        "The step-by-step GRPO loop with `train.trim_completions` against the full "
-        "`max_new_tokens` width, a tenth of the byte ids as stop tokens (rows stop after "
-        "≈ 10 tokens); the two runs' steps alternate in one process. Median seconds per step "
-        "after the warm-up steps.",
+        "The step-by-step GRPO loop at the full `max_new_tokens` width, with "
+        "`train.trim_completions` (the batch's longest completion, bucketed) and with "
+        "`train.pack_groups` too (each prompt once with its completions, several groups per "
+        "row, no padding); a tenth of the byte ids stop a row (rows stop after ≈ 10 tokens); "
+        "the runs' steps alternate in one process. Median seconds per step after the warm-up.",
         "",
-        "| workload | widths | step s | sample s | forwards s | update s | step speed-up | "
-        "update speed-up |",
-        "|---|---|---|---|---|---|---|---|",
+        "| workload | form | widths | step s | sample s | forwards s | update s | "
+        "step speed-up | update speed-up |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        full, cut = r["full"], r["trimmed"]
-        cells = [
-            f"{_fmt(full[k])} → {_fmt(cut[k])}"
-            for k in ("time/step_s", "time/sample_s", "time/forward_s", "time/update_s")
-        ]
-        lines.append(
-            f"| {r['workload']} | {full['widths']} → {cut['widths']} | {' | '.join(cells)} | "
-            f"{r['speedup_step']:.2f}× | {r['speedup_update']:.2f}× |"
-        )
+        for form in ("full", "trimmed", "packed"):
+            if form not in r:
+                continue
+            f = r[form]
+            times = " | ".join(
+                _fmt(f[k])
+                for k in ("time/step_s", "time/sample_s", "time/forward_s", "time/update_s")
+            )
+            speedups = (
+                "— | —"
+                if form == "full"
+                else f"{r[f'speedup_{form}_step']:.2f}× | {r[f'speedup_{form}_update']:.2f}×"
+            )
+            lines.append(f"| {r['workload']} | {form} | {f['widths']} | {times} | {speedups} |")
     return lines
 
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import pathlib
 import platform
 import subprocess
 from typing import Any
@@ -186,6 +187,13 @@ def machine() -> dict:
     except OSError:
         pass
     return info
+
+
+def write_results(path: str | None, results: list[dict]) -> None:
+    """Write a benchmark's rows with `machine()` to the JSON file `path` (None: nowhere)."""
+    if path:
+        out = {"machine": machine(), "results": results}
+        pathlib.Path(path).write_text(json.dumps(out, indent=1) + "\n")
 
 
 def emit(result: dict) -> None:

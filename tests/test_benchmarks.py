@@ -70,76 +70,15 @@ def test_the_preference_benchmark_measures_both_forms(tmp_path):
     assert "| shared_prompt → packed | 112 → " in table[-1]
 
 
-def test_the_trim_benchmark_cuts_the_completions(tmp_path):
+def test_the_trim_benchmark_cuts_and_packs_the_completions(tmp_path):
     from benchmarks import bench_trim, report
     from benchmarks.workloads import Workload
 
     row = bench_trim.measure(Workload("tiny", 2, 2, 64), steps=1, warmup=0)
     assert row["full"]["widths"] == [64] and row["trimmed"]["widths"][0] < 64
-    assert row["speedup_update"] > 0 and row["trimmed"]["time/update_s"] > 0
+    assert row["packed"]["widths"] == row["trimmed"]["widths"] and row["packed"]["rows"][0] >= 1
+    assert row["speedup_packed_update"] > 0 and row["trimmed"]["time/update_s"] > 0
     (tmp_path / "trim_cpu.json").write_text(json.dumps({"results": [row]}))
     table = report.trim_table(tmp_path)
-    assert table[0].startswith("### Completions cut") and table[-1].startswith("| tiny__2x2x64 |")
-
-
-def test_the_gpu_benchmark_arithmetic_and_its_report(tmp_path):
-    from benchmarks import bench_gpu, report
-
-    s = bench_gpu.sizes(tiny=True)  # 2 layers, width 64, MLP 128, 4 × 16 heads, 2 KV, vocab 259
-    # per layer: q,k,v,o weights 64·16·(2·4 + 2·2), q/k/v biases 16·(4 + 2·2), MLP 3·64·128,
-    # two norms 2·64; then the final norm and the tied output projection 259·64
-    per_layer = 64 * 16 * 12 + 16 * 8 + 3 * 64 * 128 + 2 * 64
-    assert bench_gpu.matmul_params(s.model) == 2 * per_layer + 64 + 259 * 64
-    roof = bench_gpu.decode_roofline(s, bandwidth=1e9)
-    weights = 2 * bench_gpu.matmul_params(s.model)
-    kv = 2 * 2 * 2 * 2 * 16 * s.batch  # K and V, bf16, layers, KV heads, head dim, rows
-    contexts = range(s.prompt + s.short, s.prompt + s.long)
-    assert roof["roofline_s"] == sum(weights + kv * c for c in contexts) / 1e9
-    assert roof["roofline_tokens_per_s"] == s.batch * len(contexts) / roof["roofline_s"]
-
-    decode = {
-        "batch": 64,
-        "tokens_per_s": 2e4,
-        "ms_per_decode_step": 3.2,
-        "fraction_of_roofline": 0.1,
-        "compile_short_s": 1.0,
-        "compile_long_s": 2.0,
-    }
-    update = {
-        "rows": 16,
-        "seq": 512,
-        "median_s": 0.1,
-        "achieved_flops": 2e14,
-        "mfu": 0.2,
-        "compile_s": 3.0,
-        "peak_flops": 1e15,
-    }
-    result = {
-        "device": "gpu: X",
-        "bandwidth": 3e12,
-        "decode": decode,
-        "update": update,
-        "decode_variants": [{**decode, "layer_unroll": 24, "fraction_of_roofline": 0.2}],
-        "update_variants": [
-            {**update, "fused_attention": True, "median_s": 0.05},
-            {**update, "chunk_size": 1024},
-        ],
-        "ceilings": {"bandwidth": 2e12, "bf16_matmul_flops": 5e14, "matmul_n": 8192},
-    }
-    bench_gpu._fractions(result)
-    assert abs(decode["fraction_of_measured_roofline"] - 0.15) < 1e-12  # 0.1 · 3e12 / 2e12
-    assert abs(update["mfu_of_measured_peak"] - 0.4) < 1e-12  # 2e14 / 5e14
-    (tmp_path / "gpu").mkdir()
-    (tmp_path / "gpu" / "card.json").write_text(json.dumps(result))
-    rows = [line for line in report.gpu_table(tmp_path) if line.startswith("| ")]
-    assert rows[1:] == [
-        "| decode, batch 64 (default loop) | 20000 tok/s (3.2 ms/step) | 10.0% | 15.0% "
-        "| 1.0 + 2.0 s |",
-        "| decode, batch 64, layer_unroll 24 | 20000 tok/s (3.2 ms/step) | 20.0% | 30.0% "
-        "| 1.0 + 2.0 s |",
-        "| update, 16 × 512 tokens, remat dots | 0.1 s (200 TFLOP/s) | 20.0% | 40.0% | 3.0 s |",
-        "| update, 16 × 512 tokens, remat dots, fused attention | 0.05 s (200 TFLOP/s) | 20.0% "
-        "| 40.0% | 3.0 s |",
-        "| update, 16 × 512 tokens, remat dots, vocabulary chunks of 1024 | 0.1 s (200 TFLOP/s) "
-        "| 20.0% | 40.0% | 3.0 s |",
-    ]
+    assert table[0].startswith("### Completions cut") and len(table) == 9
+    assert table[-1].startswith("| tiny__2x2x64 | packed |")

@@ -10,6 +10,7 @@
 - `scoring`, `rollout`: rewards (in-graph or host, overlong punishment, GDPO combination) and
   the rollout batch of a step (with DAPO's dynamic-sampling refills).
 - `completion_width`: the rollout batch cut to its longest completion (`train.trim_completions`).
+- `packed_groups`: its groups packed without padding (`train.pack_groups`).
 - `evaluate`, `eval_run`: greedy and temperature-1 accuracy, pass@k; `jaxrl-llm eval`.
 - `warm_start`: SFT before RL, cached in the run directory.
 - `preference`: offline preference runs (DPO, RPO, SimPO, CPO, ORPO, KTO) in the same loop.
@@ -30,7 +31,12 @@ from jaxrl_llm.runner.compiled import (
     iterations_program,
     make_iteration,
 )
-from jaxrl_llm.runner.completion_width import completion_width, trim_collected
+from jaxrl_llm.runner.completion_width import (
+    completion_width,
+    trim_collected,
+    trim_sequences,
+    trim_to_longest,
+)
 from jaxrl_llm.runner.config import (
     ExportConfig,
     ModelSection,
@@ -71,6 +77,7 @@ from jaxrl_llm.runner.overrides import (
     load_run_config,
     parse_override,
 )
+from jaxrl_llm.runner.packed_groups import packed_groups, packing_metrics
 from jaxrl_llm.runner.preference import (
     evaluate_preference,
     load_preference_eval_examples,
@@ -185,7 +192,9 @@ __all__ = [
     "make_iteration",
     "nll_program",
     "nonfinite_terms",
+    "packed_groups",
     "packed_sft_batch",
+    "packing_metrics",
     "packing_row_unit",
     "pad_rows",
     "parse_checkpoint",
@@ -211,6 +220,8 @@ __all__ = [
     "train",
     "trainable_patterns",
     "trim_collected",
+    "trim_sequences",
+    "trim_to_longest",
     "update_program",
     "update_row_groups",
     "value_program",

@@ -50,7 +50,7 @@ from jaxrl_llm.train import (
     RewardModelConfig,
     SFTConfig,
 )
-from jaxrl_llm.train.algorithms import GROUPED_ESTIMATORS
+from jaxrl_llm.train.algorithms import GROUPED_ESTIMATORS, keeps_row_subset
 from sharding import MeshConfig
 
 DType = Literal["float32", "bfloat16"]
@@ -281,6 +281,10 @@ class TrainConfig:
         (`runner.completion_width`; the same losses and gradients up to float rounding, one
         compilation per width met).
       trim_minimum: the smallest width `trim_completions` cuts to.
+      pack_groups: RL on one device, one optimizer update per batch: the forwards and the
+        update run each step's groups packed without padding, each prompt once with its `G`
+        completions, several groups per row (`jaxrl_llm.train.pack_groups`; the same losses
+        and gradients up to float rounding). Off: the padded rows.
 
     Examples:
       >>> build(TrainConfig, {"steps": 3, "eval_pass_k": [1, 4]}).eval_pass_k
@@ -305,6 +309,7 @@ class TrainConfig:
     reference_sync: ReferenceSyncConfig | None = None
     trim_completions: bool = True
     trim_minimum: int = 16
+    pack_groups: bool = False
 
     def __post_init__(self) -> None:
         minimum = {
@@ -585,6 +590,7 @@ def _validate(cfg: RunConfig) -> None:
     _validate_sampling_and_eval(cfg)
     _validate_rewards(cfg)
     _validate_compiled(cfg)
+    _validate_pack_groups(cfg)
     _validate_reference_sync(cfg)
     if cfg.offline_pairs:
         _validate_offline_pairs(cfg)
@@ -866,6 +872,33 @@ def _validate_compiled(cfg: RunConfig) -> None:
                 f"{name}: must be a multiple of {key} = {K} (it acts between compiled chunks), "
                 f"got {every}."
             )
+
+
+def _validate_pack_groups(cfg: RunConfig) -> None:
+    """`train.pack_groups` packs a batch that one optimizer update consumes whole, in the
+    step-by-step loop, with no value forward (`jaxrl_llm.train.group_packing`)."""
+    if not cfg.train.pack_groups:
+        return
+    key = "train.pack_groups"
+    if cfg.kind != "rl":
+        raise ConfigError(f"{key}: packs RL rollout groups; a {cfg.kind} run has none.")
+    alg = cfg.algorithm
+    reasons = [
+        (cfg.train.compiled_iterations is not None, "the compiled iteration keeps fixed shapes"),
+        (cfg.parallel != "jit", "parallel: pmap splits the rows over devices"),
+        (alg.critic is not None, "a critic's value forward runs the padded rows"),
+        (
+            keeps_row_subset(alg, cfg.group_size),
+            "online DPO's reference forward reads a subset of the rows",
+        ),
+        (
+            alg.minibatches * cfg.optim.accumulation_steps > 1,
+            "the update splits the batch (minibatches or accumulation steps > 1)",
+        ),
+    ]
+    for refused, why in reasons:
+        if refused:
+            raise ConfigError(f"{key}: not with this run: {why}; set it to false.")
 
 
 def _validate_offline_pairs(cfg: RunConfig) -> None:

@@ -67,6 +67,7 @@ from jaxrl_llm.runner.health import (
     nonfinite_terms,
 )
 from jaxrl_llm.runner.models import export_policy
+from jaxrl_llm.runner.packed_groups import packed_groups, packing_metrics
 from jaxrl_llm.runner.preference import _preference_step, evaluate_preference
 from jaxrl_llm.runner.programs import (
     advantage_program,
@@ -80,7 +81,7 @@ from jaxrl_llm.runner.rollout import collect, forward_in_row_groups, sampler_old
 from jaxrl_llm.runner.setup import PreparedRun, prepare_run
 from jaxrl_llm.runner.signals import GracefulStop
 from jaxrl_llm.runner.task import packed_sft_batch, packing_row_unit, sft_batch
-from jaxrl_llm.train import SequenceBatch, TrainState, keeps_row_subset
+from jaxrl_llm.train import PackedSequences, SequenceBatch, TrainState, keeps_row_subset
 from jaxrl_llm.train.shardings import batch_devices, batch_sharding
 from sharding import any_process, fetch_global, is_main_process
 
@@ -113,6 +114,7 @@ def _rl_step(
             collected.lengths, max_width=width, minimum=config.train.trim_minimum
         )
         collected = trim_collected(collected, width)
+    packed = packed_groups(ctx, collected.sequences)
     seqs = collected.sequences
     policy_params, policy_frozen = state.params["policy"], state.frozen["policy"]
     forward_group = prompt_group_size(config, ctx.mesh, update=False)
@@ -123,17 +125,21 @@ def _rl_step(
             alg, advantage=dataclasses.replace(alg.advantage, scale="none")
         )
     with jax.set_mesh(ctx.mesh):
+
+        def forward(params: Any) -> Any:
+            if packed is not None:  # one forward of the packed rows
+                return logprob(params, policy_frozen, PackedSequences(seqs, packed))
+            return forward_in_row_groups(ctx, logprob, params, policy_frozen, seqs)
+
         old = None
         if alg.needs_old_logprobs and alg.old_logprobs == "sampler":
             old = sampler_old_logprobs(seqs, collected.logprobs)
         elif alg.needs_old_logprobs:
-            old = forward_in_row_groups(ctx, logprob, policy_params, policy_frozen, seqs)
+            old = forward(policy_params)
         G = ctx.sampling.num_samples
         ref_after = keeps_row_subset(alg, G)  # online DPO's reference: the kept rows only
         ref = (
-            forward_in_row_groups(ctx, logprob, reference_policy(ctx, state), policy_frozen, seqs)
-            if alg.needs_reference and not ref_after
-            else None
+            forward(reference_policy(ctx, state)) if alg.needs_reference and not ref_after else None
         )
         values = (
             value_program(ctx.graphs, forward_group)(state.params, state.frozen, seqs)
@@ -160,7 +166,7 @@ def _rl_step(
             batch = batch._replace(ref_logp=ref)
         adv_metrics = _host(adv_metrics)
         update_start = time.perf_counter()
-        state, metrics = ctx.update(state, batch)
+        state, metrics = ctx.update(state, batch._replace(packed=packed))
         metrics = _host(metrics)
     done = time.perf_counter()
     tokens = collected.metrics["rollout/completion_tokens"]
@@ -172,6 +178,7 @@ def _rl_step(
             "time/update_s": done - update_start,
             "time/step_s": done - started,
             "perf/completion_width": float(width),
+            **({} if packed is None else packing_metrics(packed)),
             "perf/tokens_per_sec": tokens / max(done - started, 1e-9),
         }
     )

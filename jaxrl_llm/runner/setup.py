@@ -162,7 +162,7 @@ def update_row_groups(config: RunConfig, task: Any, policy_params: Any, mesh: An
     """Row groups of the RL update's gradient (`jaxrl_llm.train.row_groups`): the run's
     `sampling.row_groups` (None: automatic, as for the sampler and the log-prob forwards, from
     the FLOPs of one forward over the batch) where they apply — an RL run with one optimizer
-    update per batch, `parallel: jit`, one device; 1 anywhere else.
+    update per batch, `parallel: jit`, one device, unpacked groups; 1 anywhere else.
 
     Examples:
       >>> from types import SimpleNamespace
@@ -178,6 +178,7 @@ def update_row_groups(config: RunConfig, task: Any, policy_params: Any, mesh: An
         or config.parallel != "jit"
         or mesh.size != 1
         or alg.epochs * alg.minibatches * config.optim.accumulation_steps > 1
+        or config.train.pack_groups  # one forward of the packed rows
     ):
         return 1
     B = config.train.prompts_per_step
@@ -269,6 +270,13 @@ def prepare_run(config: RunConfig, *, resume: bool = False) -> PreparedRun:
         log.warning(
             "packing: the pairs are packed only on one device; on this mesh of %d devices "
             "the forwards run the padded rows (the same results, without its speed-up)",
+            mesh.size,
+        )
+    if config.train.pack_groups and mesh.size > 1:
+        log.warning(
+            "train.pack_groups: the groups are packed only on one device; on this mesh of %d "
+            "devices the forwards and the update run the padded rows (the same results, "
+            "without its speed-up)",
             mesh.size,
         )
     run_dir = pathlib.Path(config.run_dir)

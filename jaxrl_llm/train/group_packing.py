@@ -36,7 +36,7 @@ import numpy as np
 
 from jaxrl_llm.train.batch import SequenceBatch, prompt_length
 from jaxrl_llm.train.packing import best_fit_decreasing
-from jaxrl_llm.train.pair_packing import _place, _positive_int
+from jaxrl_llm.train.pair_packing import _checked_completion, _place, _positive_int
 
 
 class PackedGroups(NamedTuple):
@@ -172,19 +172,10 @@ def _real_tokens(
                     f"{where}: rows {first} and {n} of group {b} hold different prompts; a "
                     "packed group runs one prompt for its G rows."
                 )
-            completion = tokens[n, P:][real[n, P:]]
-            if np.any(targets[n] & ~real[n, P:]) or np.any(targets[n, len(completion) :]):
-                raise ValueError(
-                    f"{where}: row {n} has a completion target on a padding slot "
-                    "(completion_mask 1 where attention_mask is 0, or after the completion's "
-                    "real tokens)."
-                )
-            if len(completion) and not len(prompt):
-                raise ValueError(
-                    f"{where}: row {n} has a completion but no prompt token, so no state "
-                    "predicts its first token."
-                )
-            group.append(completion)
+            what = f"row {n}'s completion"
+            group.append(
+                _checked_completion(tokens[n, P:], real[n, P:], targets[n], prompt, where, what)
+            )
         prompts.append(prompt)
         completions.append(group)
     return prompts, completions

@@ -221,23 +221,36 @@ def _real_tokens(
             )
         pair = []
         for name, (_, _, completion, real, seqs) in zip(("chosen", "rejected"), sides, strict=True):
-            tokens = completion[n][real[n]]
             targets = np.asarray(seqs.completion_mask)[n] > 0
-            if np.any(targets & ~real[n]) or np.any(targets[len(tokens) :]):
-                raise ValueError(
-                    f"{where}: pair {n}'s {name} completion has a target on a padding slot "
-                    "(completion_mask 1 where attention_mask is 0, or after the completion's "
-                    "real tokens)."
-                )
-            if len(tokens) and not len(prompt):
-                raise ValueError(
-                    f"{where}: pair {n} has a {name} completion but no prompt token, so no "
-                    "state predicts its first token."
-                )
-            pair.append(tokens)
+            what = f"pair {n}'s {name} completion"
+            pair.append(_checked_completion(completion[n], real[n], targets, prompt, where, what))
         prompts.append(prompt)
         responses.append(pair)
     return prompts, responses
+
+
+def _checked_completion(
+    tokens: np.ndarray,
+    real: np.ndarray,
+    targets: np.ndarray,
+    prompt: np.ndarray,
+    where: str,
+    what: str,
+) -> np.ndarray:
+    """The real tokens of one padded completion row (`tokens[real]`), checked: its targets lie
+    on real tokens, and a prompt token comes before it."""
+    completion = tokens[real]
+    if np.any(targets & ~real) or np.any(targets[len(completion) :]):
+        raise ValueError(
+            f"{where}: {what} has a target on a padding slot (completion_mask 1 where "
+            "attention_mask is 0, or after the completion's real tokens)."
+        )
+    if len(completion) and not len(prompt):
+        raise ValueError(
+            f"{where}: {what} has tokens but no prompt token before it, so no state predicts "
+            "its first token."
+        )
+    return completion
 
 
 def _place(

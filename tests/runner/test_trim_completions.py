@@ -65,13 +65,20 @@ def test_trimmed_steps_match_the_full_width(tmp_path, name, overrides):
     assert widths_full == [T, T]
     assert all(w in (4, 8, 16) for w in widths), widths  # every step was cut
     assert history[0]["adv/std"] > 0 or "adv/std" not in history[0]
-    assert [h.keys() for h in history] == [h.keys() for h in history_full]
-    for metrics, metrics_full in zip(history, history_full, strict=True):
+    assert_same_steps((history, params), (history_full, params_full), name)
+
+
+def assert_same_steps(run, other, label):
+    """Two runs' `(history, params)`: the same metric keys, metrics and parameters up to float
+    rounding."""
+    (history, params), (history_other, params_other) = run, other
+    assert [h.keys() for h in history] == [h.keys() for h in history_other]
+    for metrics, metrics_other in zip(history, history_other, strict=True):
         for key, value in metrics.items():
             np.testing.assert_allclose(
-                value, metrics_full[key], rtol=2e-5, atol=1e-6, err_msg=f"{name}: {key}"
+                value, metrics_other[key], rtol=2e-5, atol=1e-6, err_msg=f"{label}: {key}"
             )
-    for a, b in zip(params, params_full, strict=True):
+    for a, b in zip(params, params_other, strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=1e-6)
 
 

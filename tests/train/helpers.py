@@ -39,6 +39,17 @@ def tiny_policy(
     return Decoder(tiny_config(family, vocab=vocab, layers=layers), rngs=nnx.Rngs(seed))
 
 
+def tiny_sliding_window_policy(seed: int = 0, *, vocab: int = V) -> Decoder:
+    """A 2-layer Gemma 2 policy whose first layer attends over a window of 3 positions (what
+    packed rows must keep: positions continuing the prompt in every completion)."""
+    config = ModelConfig(
+        family="gemma2", vocab_size=vocab, hidden_size=D, intermediate_size=64,
+        num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
+        layer_types=("sliding_attention", "full_attention"), sliding_window=3,
+    )  # fmt: skip
+    return Decoder(config, rngs=nnx.Rngs(seed))
+
+
 def tiny_critic(kind: str, seed: int = 1, family: str = "qwen3", *, layers: int = 2) -> nnx.Module:
     if kind == "head":
         return ValueHead(D, rngs=nnx.Rngs(seed))

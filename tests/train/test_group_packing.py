@@ -9,9 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from flax import nnx
 
-from jaxrl_llm.models import Decoder, ModelConfig
 from jaxrl_llm.train import (
     PackedSequences,
     RLBatch,
@@ -28,7 +26,7 @@ from jaxrl_llm.train import (
     rl_objective,
     split_models,
 )
-from tests.train.helpers import V, tiny_policy, tree_max_abs_diff
+from tests.train.helpers import V, tiny_policy, tiny_sliding_window_policy, tree_max_abs_diff
 
 B, G, P, T = 3, 4, 6, 7
 
@@ -97,15 +95,7 @@ def test_the_row_count_is_rounded_to_few_shapes():
 def test_logprobs_and_entropies_match_the_padded_forward(family):
     """Every completion token's log-prob and entropy, also with sliding-window layers (window 3:
     the window is in positions, which continue the prompt in every completion)."""
-    if family == "gemma2":
-        config = ModelConfig(
-            family="gemma2", vocab_size=V, hidden_size=32, intermediate_size=64,
-            num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
-            layer_types=("sliding_attention", "full_attention"), sliding_window=3,
-        )  # fmt: skip
-        model = Decoder(config, rngs=nnx.Rngs(0))
-    else:
-        model = tiny_policy()
+    model = tiny_sliding_window_policy() if family == "gemma2" else tiny_policy()
     batch = grouped_batch()
     packed = _packed(batch)
     assert packed.tokens.shape[1] == P + G * T
@@ -201,7 +191,7 @@ def test_refusals_name_the_problem():
     target_on_pad = batch._replace(completion_mask=batch.completion_mask.copy())
     short = int(np.flatnonzero(batch.attention_mask[:, -1] == 0)[0])  # a row that stopped
     target_on_pad.completion_mask[short, :] = 1.0
-    with pytest.raises(ValueError, match="completion target on a padding slot"):
+    with pytest.raises(ValueError, match="completion has a target on a padding slot"):
         pack_groups(target_on_pad, G)
     with pytest.raises(ValueError, match="`length` 5"):
         pack_groups(batch, G, length=5)

@@ -16,7 +16,7 @@ from flax import nnx
 
 import losses
 from jaxrl_llm.data import ArithmeticConfig, arithmetic_preference_records
-from jaxrl_llm.models import Decoder, ModelConfig
+from jaxrl_llm.models import Decoder
 from jaxrl_llm.models.cache import full_attention_mask
 from jaxrl_llm.tokenizer import ByteTokenizer
 from jaxrl_llm.train import (
@@ -38,7 +38,7 @@ from jaxrl_llm.train import (
     train_preference,
     update_step,
 )
-from tests.train.helpers import tiny_policy, tree_max_abs_diff
+from tests.train.helpers import tiny_policy, tiny_sliding_window_policy, tree_max_abs_diff
 from tests.train.test_preference import VOCAB
 from tests.train.test_preference_shared_prompt import (
     CASES,
@@ -114,12 +114,7 @@ def test_packed_logprobs_equal_the_padded_forward(family):
     if family == "qwen3":
         model = tiny_policy(3, vocab=VOCAB, layers=2)
     else:
-        cfg = ModelConfig(
-            family="gemma2", vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
-            num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
-            layer_types=("sliding_attention", "full_attention"), sliding_window=3,
-        )  # fmt: skip
-        model = Decoder(cfg, rngs=nnx.Rngs(3))
+        model = tiny_sliding_window_policy(3, vocab=VOCAB)
     _, _, _, batch = _setup()
     joint = concat_sequences(batch.chosen, batch.rejected)
     padded, _, _ = completion_logprobs(model, joint)

@@ -1,0 +1,71 @@
+"""`train.pack_groups`: the RL loop's forwards and update on each step's groups packed without
+padding (`jaxrl_llm.runner.packed_groups`), with the padded steps' metrics and parameters.
+
+The run is `test_trim_completions`'s (32 completion slots, three quarters of the byte ids
+stop a row, so completions of uneven lengths, cut to 4-16 slots), two steps with and without
+packing, for GRPO (a KL loss: the reference forward packed too), Dr. GRPO, GSPO (sequence-level
+ratios) and DAPO with refills (two epochs: the old-policy forward packed too); and the runs
+it refuses.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from jaxrl_llm.config import ConfigError
+from jaxrl_llm.runner import load_run_config
+from tests.runner.helpers import CONFIGS
+from tests.runner.test_trim_completions import RUN, _steps, assert_same_steps
+
+
+@pytest.mark.parametrize(
+    ("name", "overrides"),
+    [
+        ("grpo", ()),
+        ("dr_grpo", ()),
+        ("gspo", ()),
+        ("dapo", ("train.max_refills=1", "algorithm.epochs=2")),
+    ],
+)
+def test_packed_steps_match_the_padded_steps(tmp_path, name, overrides):
+    history, _, params = _steps(
+        tmp_path / "packed", name, True, "train.pack_groups=true", *overrides
+    )
+    history_padded, _, params_padded = _steps(tmp_path / "padded", name, True, *overrides)
+    assert_same_steps((history, params), (history_padded, params_padded), name)
+
+
+def test_packing_is_logged(tmp_path):
+    from jaxrl_llm.runner import loop, prepare_run
+
+    config = load_run_config(
+        str(CONFIGS / "grpo.yaml"), [*RUN, "train.pack_groups=true"], run_dir=tmp_path
+    )
+    prepared = prepare_run(config)
+    prepared.checkpointer.close()
+    _, _, metrics = loop._rl_step(prepared.context, prepared.state, prepared.data, 1)
+    assert metrics["perf/completion_width"] < 32 and 0 < metrics["perf/packing_fill"] <= 1
+    # rows of P + 2·W slots: the 4 groups' short completions share rows
+    assert 1 <= metrics["perf/packed_rows"] < 4
+
+
+@pytest.mark.parametrize(
+    ("config", "overrides", "why"),
+    [
+        ("ppo", (), "a critic's value forward"),
+        ("online_dpo", ("sampling.num_samples=4",), "online DPO's reference forward"),
+        ("grpo", ("algorithm.minibatches=2",), "the update splits the batch"),
+        ("grpo", ("optim.accumulation_steps=2",), "the update splits the batch"),
+        ("grpo", ("train.compiled_iterations=2", "rewards={jax_native: true}",
+                  "checkpoint.every=2"), "the compiled iteration"),
+        ("grpo", ("parallel=pmap",), "parallel: pmap"),
+        ("sft", (), "a sft run has none"),
+    ],
+)  # fmt: skip
+def test_runs_it_cannot_pack_are_refused(tmp_path, config, overrides, why):
+    with pytest.raises(ConfigError, match=f"train.pack_groups: .*{why}"):
+        load_run_config(
+            str(CONFIGS / f"{config}.yaml"),
+            [*RUN, "train.pack_groups=true", *overrides],
+            run_dir=tmp_path,
+        )

@@ -281,8 +281,8 @@ class TrainConfig:
         (`runner.completion_width`; the same losses and gradients up to float rounding, one
         compilation per width met).
       trim_minimum: the smallest width `trim_completions` cuts to.
-      pack_groups: RL on one device, one optimizer update per batch: the forwards and the
-        update run each step's groups packed without padding, each prompt once with its `G`
+      pack_groups: RL on one device, one micro-batch per optimizer update: the forwards
+        (policy, reference, critic) and the update run each step's groups packed without padding, each prompt once with its `G`
         completions, several groups per row (`jaxrl_llm.train.pack_groups`; the same losses
         and gradients up to float rounding). Off: the padded rows.
 
@@ -876,7 +876,7 @@ def _validate_compiled(cfg: RunConfig) -> None:
 
 def _validate_pack_groups(cfg: RunConfig) -> None:
     """`train.pack_groups` packs a batch that one optimizer update consumes whole, in the
-    step-by-step loop, with no value forward (`jaxrl_llm.train.group_packing`)."""
+    step-by-step loop (`jaxrl_llm.train.group_packing`)."""
     if not cfg.train.pack_groups:
         return
     key = "train.pack_groups"
@@ -886,7 +886,6 @@ def _validate_pack_groups(cfg: RunConfig) -> None:
     reasons = [
         (cfg.train.compiled_iterations is not None, "the compiled iteration keeps fixed shapes"),
         (cfg.parallel != "jit", "parallel: pmap splits the rows over devices"),
-        (alg.critic is not None, "a critic's value forward runs the padded rows"),
         (
             keeps_row_subset(alg, cfg.group_size),
             "online DPO's reference forward reads a subset of the rows",

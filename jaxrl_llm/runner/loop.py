@@ -142,7 +142,11 @@ def _rl_step(
             forward(reference_policy(ctx, state)) if alg.needs_reference and not ref_after else None
         )
         values = (
-            value_program(ctx.graphs, forward_group)(state.params, state.frozen, seqs)
+            value_program(ctx.graphs, forward_group)(
+                state.params,
+                state.frozen,
+                seqs if packed is None else PackedSequences(seqs, packed),
+            )
             if alg.critic
             else None
         )

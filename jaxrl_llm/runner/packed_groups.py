@@ -2,12 +2,12 @@
 
 On one device, after the batch is cut to its longest completion (`runner.completion_width`),
 the loop packs each group (its prompt once, then its `G` completions) several to a row
-(`jaxrl_llm.train.pack_groups`, host NumPy) and runs the old-policy and reference forwards
-(`PackedSequences`) and the update (`RLBatch.packed`) on the packed rows: only the real
-tokens, the same losses and gradients up to float rounding. Rows of `P + G·W` slots (`W` the
+(`jaxrl_llm.train.pack_groups`, host NumPy) and runs the old-policy, reference and critic
+forwards (`PackedSequences`) and the update (`RLBatch.packed`) on the packed rows: only the
+real tokens, the same losses and gradients up to float rounding. Rows of `P + G·W` slots (`W` the
 cut width); the row count is rounded up to a multiple of `⌈B / 8⌉`, so a run compiles at
 most 8 row counts per width. `RunConfig` refuses it where the batch is split or re-read in
-rows (minibatches, accumulation, a critic, online DPO, `parallel: pmap`, the compiled
+rows (minibatches, accumulation, online DPO with `G > 2`, `parallel: pmap`, the compiled
 iteration); on a mesh of several devices the loop runs the padded rows.
 """
 

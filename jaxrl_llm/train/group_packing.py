@@ -21,7 +21,9 @@ computed: `Σ_b (p_b + Σ_k c_bk)` instead of `N · (P + T)`.
 
 The packed rows ride along the `RLBatch` (`RLBatch.packed`) into an update that makes one
 optimizer update per batch (the row leaves are not split into micro-batches), and into the
-old-policy and reference forwards (`PackedSequences`, `make_logprob_fn`). Sources:
+old-policy, reference and critic forwards (`PackedSequences`, `make_logprob_fn`,
+`make_value_fn`); a value head or a `ValueModel` reads the same gathered states
+(`packed_completion_hidden`). Sources:
 padding-free training (verl's `use_remove_padding`, TRL's `padding_free`); prefix sharing
 (Wang et al., arXiv 2410.20305).
 """
@@ -217,24 +219,44 @@ def packed_completion_logprobs(
     """
     from jaxrl_llm.train.logprobs import chunked_logprobs
 
-    hidden = model.hidden_states(
-        jnp.asarray(packed.tokens),
-        jnp.asarray(packed.positions),
-        segment_ids=jnp.asarray(packed.segment_ids),
-        segment_roles=jnp.asarray(packed.roles),
-    )
-    states = hidden[jnp.asarray(packed.row)[:, None], jnp.asarray(packed.slots)]  # [N, T, D]
     P = prompt_length(batch)
     mask = (batch.completion_mask > 0).astype(jnp.float32)
     return chunked_logprobs(
         model,
-        states,
+        packed_completion_hidden(model, packed),
         batch.tokens[:, P:],
         mask,
         temperature=temperature,
         chunk_size=chunk_size,
         with_entropy=with_entropy,
     )
+
+
+def packed_completion_hidden(model: Any, packed: PackedGroups) -> jax.Array:
+    """The final-normed states `[N, T, D]` that predict the padded batch's completion tokens
+    (`logprobs.completion_hidden` of the padded rows), from one forward of the packed rows:
+    what a value head reads.
+
+    Args:
+      model: a `Decoder` (a policy, or a `ValueModel`'s backbone).
+      packed: the batch's `PackedGroups`.
+
+    Examples:
+      >>> class Model:  # a Decoder in practice; here h = position
+      ...     def hidden_states(self, tokens, positions, segment_ids, segment_roles):
+      ...         return positions[..., None].astype(jnp.float32)
+      >>> b = SequenceBatch(np.array([[1, 2, 3], [1, 2, 0]]), np.array([[1, 1, 1], [1, 1, 0]]),
+      ...                   np.array([[1.0, 1.0], [1.0, 0.0]]))
+      >>> packed_completion_hidden(Model(), pack_groups(b, 2))[..., 0].tolist()
+      [[0.0, 1.0], [0.0, 0.0]]
+    """
+    hidden = model.hidden_states(
+        jnp.asarray(packed.tokens),
+        jnp.asarray(packed.positions),
+        segment_ids=jnp.asarray(packed.segment_ids),
+        segment_roles=jnp.asarray(packed.roles),
+    )
+    return hidden[jnp.asarray(packed.row)[:, None], jnp.asarray(packed.slots)]
 
 
 def check_packed_groups(packed: PackedGroups, N: int, T: int, *, where: str) -> None:

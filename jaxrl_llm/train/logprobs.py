@@ -29,7 +29,11 @@ import losses
 from jaxrl_llm.models import ValueModel, positions_from_mask, positions_from_segments
 from jaxrl_llm.models.position_chunks import map_position_chunks
 from jaxrl_llm.train.batch import SequenceBatch, check_sequence_batch, prompt_length
-from jaxrl_llm.train.group_packing import PackedSequences, packed_completion_logprobs
+from jaxrl_llm.train.group_packing import (
+    PackedSequences,
+    packed_completion_hidden,
+    packed_completion_logprobs,
+)
 from jaxrl_llm.train.pair_packing import PackedPairs, packed_pair_logprobs
 
 
@@ -161,8 +165,8 @@ def completion_logprobs(
 
     Returns:
       `(logp[N,T], entropy[N,T] or None, hidden[N,T,D])`; the hidden states feed a value head.
-      An `RLBatch` with `packed` groups runs the packed rows instead
-      (`packed_completion_logprobs`) and returns no hidden states (None).
+      An `RLBatch` with `packed` groups runs the packed rows instead, the states gathered
+      into the padded layout (`packed_completion_hidden`).
 
     Examples:
       >>> class Model:  # a Decoder in practice
@@ -177,16 +181,9 @@ def completion_logprobs(
     """
     packed = getattr(batch, "packed", None)
     if packed is not None:
-        logp, entropy = packed_completion_logprobs(
-            model,
-            batch,
-            packed,
-            temperature=temperature,
-            chunk_size=chunk_size,
-            with_entropy=with_entropy,
-        )
-        return logp, entropy, None
-    hidden = completion_hidden(model, batch, group_size=group_size)
+        hidden = packed_completion_hidden(model, packed)
+    else:
+        hidden = completion_hidden(model, batch, group_size=group_size)
     P = prompt_length(batch)
     targets = batch.tokens[:, P:]
     mask = (batch.completion_mask > 0).astype(jnp.float32)
@@ -203,7 +200,12 @@ def completion_logprobs(
 
 
 def critic_values(
-    value_model: Any, batch: Any, *, hidden: jax.Array | None = None, group_size: int = 1
+    value_model: Any,
+    batch: Any,
+    *,
+    hidden: jax.Array | None = None,
+    group_size: int = 1,
+    packed: Any = None,
 ) -> jax.Array:
     """Critic values `V[N,T]` of the states before each completion token (0 outside the mask).
 
@@ -215,6 +217,8 @@ def critic_values(
       batch: the batch.
       hidden: `[N,T,D]` policy hidden states; required for a `ValueHead`.
       group_size: rows per shared prompt of a `ValueModel`'s forward (`completion_hidden`).
+      packed: the batch's `PackedGroups`: a `ValueModel` runs the packed rows
+        (`packed_completion_hidden`).
 
     Returns:
       `[N,T]` float32.
@@ -228,7 +232,10 @@ def critic_values(
     """
     mask = batch.completion_mask > 0
     if isinstance(value_model, ValueModel):  # its own forward pass
-        backbone = completion_hidden(value_model.backbone, batch, group_size=group_size)
+        if packed is not None:
+            backbone = packed_completion_hidden(value_model.backbone, packed)
+        else:
+            backbone = completion_hidden(value_model.backbone, batch, group_size=group_size)
         values = value_model.head(backbone)
     else:
         if hidden is None:
@@ -328,11 +335,17 @@ def make_value_fn(
         raise ValueError("make_value_fn: `graphs.value` is None (no critic was split).")
 
     def forward(params: dict, frozen: dict, batch: SequenceBatch) -> jax.Array:
+        packed = None
+        if isinstance(batch, PackedSequences):  # packed rollout groups
+            batch, packed = batch
         critic = nnx.merge(graphs.value, params["value"], frozen["value"])
         if isinstance(critic, ValueModel):
-            return critic_values(critic, batch, group_size=group_size)
+            return critic_values(critic, batch, group_size=group_size, packed=packed)
         policy = nnx.merge(graphs.policy, params["policy"], frozen["policy"])
-        hidden = completion_hidden(policy, batch, group_size=group_size)
+        if packed is not None:
+            hidden = packed_completion_hidden(policy, packed)
+        else:
+            hidden = completion_hidden(policy, batch, group_size=group_size)
         return critic_values(critic, batch, hidden=hidden)
 
     return jax.jit(forward)

@@ -154,12 +154,9 @@ def rl_objective(
                     f"rl_objective: critic.kind={config.critic.kind!r} expects a "
                     f"{expected.__name__}, got {type(critic).__name__}."
                 )
-            if batch.packed is not None:
-                raise ValueError(
-                    "rl_objective: packed groups (`RLBatch.packed`) run no value forward; "
-                    "train a critic on the padded batch."
-                )
-            values = critic_values(critic, batch, hidden=hidden, group_size=group_size)
+            values = critic_values(
+                critic, batch, hidden=hidden, group_size=group_size, packed=batch.packed
+            )
         return rl_loss(
             config, batch, norms, logp=logp, entropy=entropy, values=values, kl_coef=kl_coef
         )

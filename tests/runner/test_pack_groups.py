@@ -4,8 +4,9 @@ padding (`jaxrl_llm.runner.packed_groups`), with the padded steps' metrics and p
 The run is `test_trim_completions`'s (32 completion slots, three quarters of the byte ids
 stop a row, so completions of uneven lengths, cut to 4-16 slots), two steps with and without
 packing, for GRPO (a KL loss: the reference forward packed too), Dr. GRPO, GSPO (sequence-level
-ratios) and DAPO with refills (two epochs: the old-policy forward packed too); and the runs
-it refuses.
+ratios), DAPO with refills (two epochs: the old-policy forward packed too), and PPO with a
+`ValueModel` critic or a value head (the critic's forward packed too); and the runs it
+refuses.
 """
 
 from __future__ import annotations
@@ -25,6 +26,11 @@ from tests.runner.test_trim_completions import RUN, _steps, assert_same_steps
         ("dr_grpo", ()),
         ("gspo", ()),
         ("dapo", ("train.max_refills=1", "algorithm.epochs=2")),
+        ("ppo", ()),  # a ValueModel critic, 4 epochs: old-policy and value forwards packed
+        (
+            "ppo_value_head_adaptive_kl",
+            ("algorithm.minibatches=1", "optim.accumulation_steps=1"),
+        ),
     ],
 )
 def test_packed_steps_match_the_padded_steps(tmp_path, name, overrides):
@@ -52,7 +58,6 @@ def test_packing_is_logged(tmp_path):
 @pytest.mark.parametrize(
     ("config", "overrides", "why"),
     [
-        ("ppo", (), "a critic's value forward"),
         ("online_dpo", ("sampling.num_samples=4",), "online DPO's reference forward"),
         ("grpo", ("algorithm.minibatches=2",), "the update splits the batch"),
         ("grpo", ("optim.accumulation_steps=2",), "the update splits the batch"),

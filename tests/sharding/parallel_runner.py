@@ -159,7 +159,8 @@ def check_runner() -> float:
     each step) with `parallel: pmap` logs the metrics of `parallel: jit` on the same 8-device
     data mesh; returns the largest relative difference. Three quarters of the byte ids stop a
     row, so both cut the batches' 32 completion slots to their longest
-    (`train.trim_completions`) on the mesh."""
+    (`train.trim_completions`) on the mesh; the jit run asks for packed groups
+    (`train.pack_groups`), which a mesh of several devices runs padded."""
     stops = ",".join(str(i) for i in range(256) if i % 4)
     overrides = [
         *TINY,
@@ -178,10 +179,14 @@ def check_runner() -> float:
         for parallel in ("jit", "pmap"):
             run_dir = pathlib.Path(tmp) / parallel
             argv = ["train", str(CONFIGS / "grpo.yaml"), *overrides, f"parallel={parallel}"]
+            if parallel == "jit":  # packing is a no-op on a mesh of several devices
+                argv.append("train.pack_groups=true")
             assert cli([*argv, "--run-dir", str(run_dir)]) == 0, parallel
             runs[parallel] = train_records(run_dir)
-            widths = [r["perf/completion_width"] for r in records(run_dir) if "loss/total" in r]
+            steps = [r for r in records(run_dir) if "loss/total" in r]
+            widths = [r["perf/completion_width"] for r in steps]
             assert widths and all(w < 32 for w in widths), (parallel, widths)
+            assert not any("perf/packed_rows" in r for r in steps), parallel
     jit, pmap = runs["jit"], runs["pmap"]
     assert [r["step"] for r in pmap] == [1, 2], pmap
     assert [r["ref/synced"] for r in pmap] == [1.0, 1.0] and pmap[1]["kl/mean"] > 0, pmap

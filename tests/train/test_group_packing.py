@@ -4,6 +4,8 @@ the refusals."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -20,13 +22,20 @@ from jaxrl_llm.train import (
     init_train_state,
     make_logprob_fn,
     make_update_step,
+    make_value_fn,
     pack_groups,
     packed_completion_logprobs,
     preset,
     rl_objective,
     split_models,
 )
-from tests.train.helpers import V, tiny_policy, tiny_sliding_window_policy, tree_max_abs_diff
+from tests.train.helpers import (
+    V,
+    tiny_critic,
+    tiny_policy,
+    tiny_sliding_window_policy,
+    tree_max_abs_diff,
+)
 
 B, G, P, T = 3, 4, 6, 7
 
@@ -156,6 +165,44 @@ def test_rl_losses_and_gradients_match_the_padded_batch(name):
         np.testing.assert_allclose(packed_metrics[key], value, rtol=1e-4, atol=1e-6, err_msg=key)
     assert tree_max_abs_diff(packed_grads, grads) < 1e-5
     assert max(float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(grads)) > 1e-3
+
+
+@pytest.mark.parametrize("kind", ["model", "head"])
+def test_a_critic_reads_the_packed_states(kind):
+    """PPO with a `ValueModel` critic (its own packed forward) or a value head on the policy's
+    packed states: the same values, loss and gradients as the padded batch."""
+    alg = preset("ppo")
+    alg = dataclasses.replace(alg, critic=dataclasses.replace(alg.critic, kind=kind))
+    graphs, params, frozen = split_models(tiny_policy(), tiny_critic(kind))
+    batch = grouped_batch()
+    packed = _packed(batch)
+    value_fn = make_value_fn(graphs)
+    values = value_fn(params, frozen, batch)
+    np.testing.assert_allclose(
+        np.asarray(value_fn(params, frozen, PackedSequences(batch, packed))),
+        np.asarray(values),
+        atol=2e-5,
+    )
+    objective = rl_objective(alg, graphs)
+    norms = count_normalizers(batch.completion_mask)
+    rng = np.random.default_rng(2)
+    targets = jnp.asarray(rng.normal(size=values.shape), jnp.float32) * batch.completion_mask
+
+    def value_and_grad(rl_batch):
+        rl_batch = rl_batch._replace(old_values=values, returns=targets)
+
+        def loss(p):
+            return objective.loss(p, frozen, rl_batch, norms, jnp.float32(0.0))
+
+        return jax.value_and_grad(loss, has_aux=True)(params)
+
+    (loss, metrics), grads = value_and_grad(_rl_batch(batch))
+    (packed_loss, packed_metrics), packed_grads = value_and_grad(_rl_batch(batch, packed))
+    np.testing.assert_allclose(float(packed_loss), float(loss), rtol=1e-5, atol=1e-6)
+    assert metrics["loss/value"] > 0
+    for key, value in metrics.items():
+        np.testing.assert_allclose(packed_metrics[key], value, rtol=1e-4, atol=1e-6, err_msg=key)
+    assert tree_max_abs_diff(packed_grads, grads) < 1e-5
 
 
 def test_an_update_step_on_packed_groups_matches_the_padded_one():

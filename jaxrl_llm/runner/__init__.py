@@ -77,7 +77,7 @@ from jaxrl_llm.runner.overrides import (
     load_run_config,
     parse_override,
 )
-from jaxrl_llm.runner.packed_groups import packed_groups, packing_metrics
+from jaxrl_llm.runner.packed_groups import packed_groups, packing_metrics, padding_share
 from jaxrl_llm.runner.preference import (
     evaluate_preference,
     load_preference_eval_examples,
@@ -197,6 +197,7 @@ __all__ = [
     "packing_metrics",
     "packing_row_unit",
     "pad_rows",
+    "padding_share",
     "parse_checkpoint",
     "parse_fault",
     "parse_override",

@@ -285,6 +285,8 @@ class TrainConfig:
         (policy, reference, critic) and the update run each step's groups packed without padding, each prompt once with its `G`
         completions, several groups per row (`jaxrl_llm.train.pack_groups`; the same losses
         and gradients up to float rounding). Off: the padded rows.
+      pack_min_padding: with `pack_groups`, pack a step only when padding is at least this
+        share of the padded forward's slots (`runner.packed_groups.padding_share`; 0: always).
 
     Examples:
       >>> build(TrainConfig, {"steps": 3, "eval_pass_k": [1, 4]}).eval_pass_k
@@ -310,6 +312,7 @@ class TrainConfig:
     trim_completions: bool = True
     trim_minimum: int = 16
     pack_groups: bool = False
+    pack_min_padding: float = 0.6
 
     def __post_init__(self) -> None:
         minimum = {
@@ -329,6 +332,10 @@ class TrainConfig:
             value = getattr(self, key)
             if value is not None and value < 1:
                 raise ConfigError(f"train.{key}: must be >= 1 or null, got {value}.")
+        if not 0.0 <= self.pack_min_padding < 1.0:
+            raise ConfigError(
+                f"train.pack_min_padding: must be in [0, 1), got {self.pack_min_padding}."
+            )
         if not self.eval_pass_k or any(k < 1 for k in self.eval_pass_k):
             raise ConfigError(
                 f"train.eval_pass_k: must be a non-empty list of ints >= 1, got "

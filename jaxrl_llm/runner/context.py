@@ -33,6 +33,9 @@ class RunContext(NamedTuple):
         `reference_policy`).
       update: the compiled update step.
       run_dir: the run directory.
+      packed_update: the update step without row groups, for the steps whose groups run
+        packed (`train.pack_groups`) when `update` computes its gradient in row groups; None
+        where `update` serves both.
       preference_examples: the tokenized preference examples (`preference:` runs), else None.
       preference_eval_examples: the held-out preference examples scored at each evaluation
         (whole batches; `preference:` runs), else None.
@@ -55,6 +58,7 @@ class RunContext(NamedTuple):
     reference: Any
     update: Callable[..., Any]
     run_dir: pathlib.Path
+    packed_update: Callable[..., Any] | None = None
     preference_examples: list[Any] | None = None
     preference_eval_examples: list[Any] | None = None
     reference_logprobs: dict[str, Any] | None = None

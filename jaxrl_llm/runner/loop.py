@@ -170,7 +170,8 @@ def _rl_step(
             batch = batch._replace(ref_logp=ref)
         adv_metrics = _host(adv_metrics)
         update_start = time.perf_counter()
-        state, metrics = ctx.update(state, batch._replace(packed=packed))
+        update = ctx.update if packed is None or ctx.packed_update is None else ctx.packed_update
+        state, metrics = update(state, batch._replace(packed=packed))
         metrics = _host(metrics)
     done = time.perf_counter()
     tokens = collected.metrics["rollout/completion_tokens"]

@@ -162,7 +162,8 @@ def update_row_groups(config: RunConfig, task: Any, policy_params: Any, mesh: An
     """Row groups of the RL update's gradient (`jaxrl_llm.train.row_groups`): the run's
     `sampling.row_groups` (None: automatic, as for the sampler and the log-prob forwards, from
     the FLOPs of one forward over the batch) where they apply — an RL run with one optimizer
-    update per batch, `parallel: jit`, one device, unpacked groups; 1 anywhere else.
+    update per batch, `parallel: jit`, one device; 1 anywhere else (a step whose groups run
+    packed, `train.pack_groups`, takes the update without row groups: `RunContext.packed_update`).
 
     Examples:
       >>> from types import SimpleNamespace
@@ -178,7 +179,6 @@ def update_row_groups(config: RunConfig, task: Any, policy_params: Any, mesh: An
         or config.parallel != "jit"
         or mesh.size != 1
         or alg.epochs * alg.minibatches * config.optim.accumulation_steps > 1
-        or config.train.pack_groups  # one forward of the packed rows
     ):
         return 1
     B = config.train.prompts_per_step
@@ -409,6 +409,18 @@ def build_context(
         group_size=prompt_group_size(config, mesh, update=True),
         samples_per_prompt=config.group_size,
     )
+    packed_update = None
+    if config.train.pack_groups and groups > 1:  # packed rows do not split into row groups
+        packed_update = update_program(
+            objective,
+            graphs,
+            config.optim,
+            mesh,
+            state,
+            config.parallel,
+            group_size=prompt_group_size(config, mesh, update=True),
+            samples_per_prompt=config.group_size,
+        )
     functions = [] if config.rewards.jax_native else config.rewards.resolve()
     context = RunContext(
         config=config,
@@ -420,6 +432,7 @@ def build_context(
         reward_functions=functions,
         reference=None if synced else reference,
         update=update,
+        packed_update=packed_update,
         run_dir=run_dir,
         preference_examples=preference_examples,
         preference_eval_examples=preference_eval_examples,

@@ -23,6 +23,7 @@ from tests.runner.test_trim_completions import RUN, _steps, assert_same_steps
     ("name", "overrides"),
     [
         ("grpo", ()),
+        ("grpo", ("sampling.row_groups=2",)),  # padded updates in row groups, packed ones not
         ("dr_grpo", ()),
         ("gspo", ()),
         ("dapo", ("train.max_refills=1", "algorithm.epochs=2")),
@@ -41,15 +42,25 @@ def test_packed_steps_match_the_padded_steps(tmp_path, name, overrides):
     assert_same_steps((history, params), (history_padded, params_padded), name)
 
 
-def test_packing_is_logged(tmp_path):
+def _first_step(run_dir, *overrides):
     from jaxrl_llm.runner import loop, prepare_run
 
     config = load_run_config(
-        str(CONFIGS / "grpo.yaml"), [*RUN, "train.pack_groups=true"], run_dir=tmp_path
+        str(CONFIGS / "grpo.yaml"), [*RUN, "train.pack_groups=true", *overrides], run_dir=run_dir
     )
     prepared = prepare_run(config)
     prepared.checkpointer.close()
     _, _, metrics = loop._rl_step(prepared.context, prepared.state, prepared.data, 1)
+    return metrics
+
+
+def test_a_batch_with_little_padding_stays_padded(tmp_path):
+    metrics = _first_step(tmp_path, "train.pack_min_padding=0.99")
+    assert "perf/packed_rows" not in metrics and metrics["perf/completion_width"] < 32
+
+
+def test_packing_is_logged(tmp_path):
+    metrics = _first_step(tmp_path)
     assert metrics["perf/completion_width"] < 32 and 0 < metrics["perf/packing_fill"] <= 1
     # rows of P + 2·W slots: the 4 groups' short completions share rows
     assert 1 <= metrics["perf/packed_rows"] < 4

@@ -9,7 +9,8 @@
 * `pair_packing` — several preference pairs per row, each prompt once: `pack_pairs`,
   `PackedPairs`, `packed_pair_logprobs`, `packed_pair_scores`.
 * `group_packing` — padding-free rollout batches, each prompt once with its `G` completions:
-  `pack_groups`, `PackedGroups`, `PackedSequences`, `packed_completion_logprobs`.
+  `pack_groups`, `PackedGroups`, `PackedSequences`, `packed_completion_logprobs`,
+  `packed_completion_hidden`.
 * `logprobs` — chunked completion log-probs / entropies / values and their jitted forwards.
 * `algorithms` — `AlgorithmConfig`, named `PRESETS`, and the composed RL loss.
 * `advantages` — rewards → advantages, returns and the kept-groups mask; `build_rl_batch`.
@@ -57,6 +58,7 @@ from jaxrl_llm.train.group_packing import (
     PackedSequences,
     check_packed_groups,
     pack_groups,
+    packed_completion_hidden,
     packed_completion_logprobs,
 )
 from jaxrl_llm.train.logprobs import (
@@ -207,6 +209,7 @@ __all__ = [
     "pack_groups",
     "pack_pairs",
     "pack_preference_batch",
+    "packed_completion_hidden",
     "packed_completion_logprobs",
     "packed_pair_logprobs",
     "packed_pair_scores",

@@ -282,9 +282,10 @@ class TrainConfig:
         compilation per width met).
       trim_minimum: the smallest width `trim_completions` cuts to.
       pack_groups: RL on one device, one micro-batch per optimizer update: the forwards
-        (policy, reference, critic) and the update run each step's groups packed without padding, each prompt once with its `G`
-        completions, several groups per row (`jaxrl_llm.train.pack_groups`; the same losses
-        and gradients up to float rounding). Off: the padded rows.
+        (policy, reference, critic) and the update run each step's groups packed without
+        padding, each prompt once with its `G` completions, several groups per row
+        (`jaxrl_llm.train.pack_groups`; the same losses and gradients up to float rounding).
+        Off: the padded rows.
       pack_min_padding: with `pack_groups`, pack a step only when padding is at least this
         share of the padded forward's slots (`runner.packed_groups.padding_share`; 0: always).
 

@@ -23,7 +23,7 @@ import jax
 import numpy as np
 
 from jaxrl_llm.runner.context import RunContext
-from jaxrl_llm.train import PackedGroups, SequenceBatch, pack_groups
+from jaxrl_llm.train import PackedGroups, SequenceBatch, pack_groups, packing_fill
 from sharding import fetch_global
 
 
@@ -73,8 +73,7 @@ def packing_metrics(packed: PackedGroups) -> dict[str, float]:
       >>> packing_metrics(p)
       {'perf/packed_rows': 1.0, 'perf/packing_fill': 0.5}
     """
-    segments = np.asarray(packed.segment_ids)
     return {
-        "perf/packed_rows": float(segments.shape[0]),
-        "perf/packing_fill": float(np.mean(segments > 0)),
+        "perf/packed_rows": float(np.shape(packed.segment_ids)[0]),
+        "perf/packing_fill": packing_fill(packed),
     }

@@ -396,31 +396,24 @@ def build_context(
         reference=reference if synced else None,  # checkpointed with the state
     )
     state = place_global(state, train_state_shardings(state, mesh, optimizer))
-    objective = config.update_objective
     groups = update_row_groups(config, task, params["policy"], mesh)
-    update = update_program(
-        objective,
-        graphs,
-        config.optim,
-        mesh,
-        state,
-        config.parallel,
-        row_groups=groups,
-        group_size=prompt_group_size(config, mesh, update=True),
-        samples_per_prompt=config.group_size,
-    )
-    packed_update = None
-    if config.train.pack_groups and groups > 1:  # packed rows do not split into row groups
-        packed_update = update_program(
-            objective,
+
+    def update_with(row_groups: int) -> Any:
+        return update_program(
+            config.update_objective,
             graphs,
             config.optim,
             mesh,
             state,
             config.parallel,
+            row_groups=row_groups,
             group_size=prompt_group_size(config, mesh, update=True),
             samples_per_prompt=config.group_size,
         )
+
+    update = update_with(groups)
+    # packed rows do not split into row groups: the packed steps' update has none
+    packed_update = update_with(1) if config.train.pack_groups and groups > 1 else None
     functions = [] if config.rewards.jax_native else config.rewards.resolve()
     context = RunContext(
         config=config,

@@ -16,6 +16,11 @@ trimmed with packed groups — are prepared in one process and their steps alter
 each (compilation, one per shape met) are left out, and the table reports the medians of the
 rest: the step, its sampling (the same for all), its forwards (reference log-probs and
 advantages) and its update.
+
+`--minibatches M` splits each update into `M` shuffled minibatches of whole prompts
+(`algorithm.minibatch_unit: prompt`, PPO-style reuse with the old-policy forward): packed,
+each minibatch's groups fill their own rows, one packing per epoch. `--forms` picks the runs
+(default all three); speed-ups are over the first one measured.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ KEYS = ("time/step_s", "time/sample_s", "time/forward_s", "time/update_s", "perf
 FORMS = {"full": (False, False), "trimmed": (True, False), "packed": (True, True)}
 
 
-def _prepare(w: Workload, trim: bool, pack: bool, run_dir: str):
+def _prepare(w: Workload, trim: bool, pack: bool, run_dir: str, minibatches: int = 1):
     from jaxrl_llm.runner import prepare_run
 
     config = run_config(w, run_dir, None, None)
@@ -45,40 +50,50 @@ def _prepare(w: Workload, trim: bool, pack: bool, run_dir: str):
         config,
         sampling=dataclasses.replace(config.sampling, stop_tokens=stops),
         train=dataclasses.replace(config.train, trim_completions=trim, pack_groups=pack),
+        algorithm=dataclasses.replace(
+            config.algorithm,
+            minibatches=minibatches,
+            minibatch_unit="row" if minibatches == 1 else "prompt",
+        ),
     )
     prepared = prepare_run(config)
     prepared.checkpointer.close()
     return prepared
 
 
-def measure(w: Workload, steps: int, warmup: int) -> dict:
+def measure(
+    w: Workload, steps: int, warmup: int, forms: tuple[str, ...] = tuple(FORMS), minibatches=1
+) -> dict:
     """Median phase times of the full, trimmed and packed runs (module docstring)."""
     from jaxrl_llm.runner import loop
 
     runs = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for form, (trim, pack) in FORMS.items():
-            p = _prepare(w, trim, pack, f"{tmp}/{form}")
+        for form in forms:
+            trim, pack = FORMS[form]
+            p = _prepare(w, trim, pack, f"{tmp}/{form}", minibatches)
             runs[form] = [p.context, p.state, p.data, []]
         for step in range(1, warmup + steps + 1):
-            for form in FORMS:
+            for form in forms:
                 ctx, state, data, history = runs[form]
                 state, data, metrics = loop._rl_step(ctx, state, data, step)
                 runs[form][1:3] = state, data
                 if step > warmup:
                     history.append({k: metrics[k] for k in KEYS if k in metrics})
                     history[-1]["slots"] = metrics.get("perf/packed_rows", 0.0)
-    row = {"workload": w.name, "steps": steps, "load_before": load_average()}
-    for form in FORMS:
+    name = w.name if minibatches == 1 else f"{w.name}, {minibatches} minibatches"
+    row = {"workload": name, "steps": steps, "load_before": load_average()}
+    row["baseline"] = forms[0]
+    for form in forms:
         history = runs[form][3]
         row[form] = {k: statistics.median(h[k] for h in history) for k in KEYS}
         row[form]["widths"] = sorted({int(h["perf/completion_width"]) for h in history})
         if form == "packed":
             row[form]["rows"] = sorted({int(h["slots"]) for h in history})
-    for form in ("trimmed", "packed"):
+    for form in forms[1:]:
         for key in ("time/step_s", "time/forward_s", "time/update_s"):
             name = key.split("/")[1][:-2]
-            row[f"speedup_{form}_{name}"] = row["full"][key] / row[form][key]
+            row[f"speedup_{form}_{name}"] = row[forms[0]][key] / row[form][key]
     return row
 
 
@@ -88,10 +103,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="the tiny model")
+    parser.add_argument("--minibatches", type=int, default=1, help="shuffled, of whole prompts")
+    parser.add_argument("--forms", nargs="+", choices=list(FORMS), default=list(FORMS))
     args = parser.parse_args(argv)
     results = []
     for w in QUICK if args.quick else WORKLOADS:
-        row = measure(w, args.steps, args.warmup)
+        row = measure(w, args.steps, args.warmup, tuple(args.forms), args.minibatches)
         print(json.dumps(row), flush=True)
         results.append(row)
     write_results(args.out, results)

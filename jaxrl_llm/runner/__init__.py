@@ -10,7 +10,7 @@
 - `scoring`, `rollout`: rewards (in-graph or host, overlong punishment, GDPO combination) and
   the rollout batch of a step (with DAPO's dynamic-sampling refills).
 - `completion_width`: the rollout batch cut to its longest completion (`train.trim_completions`).
-- `packed_groups`: its groups packed without padding (`train.pack_groups`).
+- `packed_groups`: its groups packed without padding (`train.pack_groups`), `StepPacking`.
 - `evaluate`, `eval_run`: greedy and temperature-1 accuracy, pass@k; `jaxrl-llm eval`.
 - `warm_start`: SFT before RL, cached in the run directory.
 - `preference`: offline preference runs (DPO, RPO, SimPO, CPO, ORPO, KTO) in the same loop.
@@ -77,7 +77,12 @@ from jaxrl_llm.runner.overrides import (
     load_run_config,
     parse_override,
 )
-from jaxrl_llm.runner.packed_groups import packed_groups, packing_metrics, padding_share
+from jaxrl_llm.runner.packed_groups import (
+    StepPacking,
+    packed_groups,
+    packing_metrics,
+    padding_share,
+)
 from jaxrl_llm.runner.preference import (
     evaluate_preference,
     load_preference_eval_examples,
@@ -143,6 +148,7 @@ __all__ = [
     "RunContext",
     "Scores",
     "SkipTracker",
+    "StepPacking",
     "TaskArrays",
     "TaskData",
     "TokenizerSection",

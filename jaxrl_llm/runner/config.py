@@ -281,11 +281,12 @@ class TrainConfig:
         (`runner.completion_width`; the same losses and gradients up to float rounding, one
         compilation per width met).
       trim_minimum: the smallest width `trim_completions` cuts to.
-      pack_groups: RL on one device, one micro-batch per optimizer update: the forwards
-        (policy, reference, critic) and the update run each step's groups packed without
-        padding, each prompt once with its `G` completions, several groups per row
-        (`jaxrl_llm.train.pack_groups`; the same losses and gradients up to float rounding).
-        Off: the padded rows.
+      pack_groups: RL on one device: the forwards (policy, reference, critic) and the update
+        run each step's groups packed without padding, each prompt once with its `G`
+        completions, several groups per row (`jaxrl_llm.train.pack_groups`; the same losses
+        and gradients up to float rounding). With several minibatches or accumulation steps,
+        micro-batches of whole groups (`algorithm.minibatch_unit: prompt`). Off: the padded
+        rows.
       pack_min_padding: with `pack_groups`, pack a step only when padding is at least this
         share of the padded forward's slots (`runner.packed_groups.padding_share`; 0: always).
 
@@ -883,7 +884,7 @@ def _validate_compiled(cfg: RunConfig) -> None:
 
 
 def _validate_pack_groups(cfg: RunConfig) -> None:
-    """`train.pack_groups` packs a batch that one optimizer update consumes whole, in the
+    """`train.pack_groups` packs whole groups into each of the update's micro-batches, in the
     step-by-step loop (`jaxrl_llm.train.group_packing`)."""
     if not cfg.train.pack_groups:
         return
@@ -898,14 +899,18 @@ def _validate_pack_groups(cfg: RunConfig) -> None:
             keeps_row_subset(alg, cfg.group_size),
             "online DPO's reference forward reads a subset of the rows",
         ),
-        (
-            alg.minibatches * cfg.optim.accumulation_steps > 1,
-            "the update splits the batch (minibatches or accumulation steps > 1)",
-        ),
     ]
     for refused, why in reasons:
         if refused:
             raise ConfigError(f"{key}: not with this run: {why}; set it to false.")
+    parts = alg.minibatches * cfg.optim.accumulation_steps
+    if parts > 1 and cfg.update_unit % cfg.group_size:
+        raise ConfigError(
+            f"{key}: the update's {parts} micro-batches (minibatches × accumulation_steps) "
+            "take strided rows, so each would hold part of every group; set "
+            "algorithm.minibatch_unit: prompt (micro-batches of whole groups) or pack_groups: "
+            "false."
+        )
 
 
 def _validate_offline_pairs(cfg: RunConfig) -> None:

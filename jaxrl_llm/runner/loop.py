@@ -114,7 +114,8 @@ def _rl_step(
             collected.lengths, max_width=width, minimum=config.train.trim_minimum
         )
         collected = trim_collected(collected, width)
-    packed = packed_groups(ctx, collected.sequences)
+    packing = packed_groups(ctx, collected.sequences, state.key)
+    packed = None if packing is None else packing.forward
     seqs = collected.sequences
     policy_params, policy_frozen = state.params["policy"], state.frozen["policy"]
     forward_group = prompt_group_size(config, ctx.mesh, update=False)
@@ -171,7 +172,9 @@ def _rl_step(
         adv_metrics = _host(adv_metrics)
         update_start = time.perf_counter()
         update = ctx.update if packed is None or ctx.packed_update is None else ctx.packed_update
-        state, metrics = update(state, batch._replace(packed=packed))
+        state, metrics = update(
+            state, batch._replace(packed=None if packing is None else packing.update)
+        )
         metrics = _host(metrics)
     done = time.perf_counter()
     tokens = collected.metrics["rollout/completion_tokens"]

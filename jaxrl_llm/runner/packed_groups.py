@@ -11,40 +11,84 @@ the loop packs each group (its prompt once, then its `G` completions) several to
 (`jaxrl_llm.train.pack_groups`, host NumPy) and runs the old-policy, reference and critic
 forwards (`PackedSequences`) and the update (`RLBatch.packed`) on the packed rows: only the
 real tokens, the same losses and gradients up to float rounding. Rows of `P + G·W` slots (`W` the
-cut width); the row count is rounded up to a multiple of `⌈B / 8⌉`, so a run compiles at
-most 8 row counts per width. `RunConfig` refuses it where the batch is split or re-read in
-rows (minibatches, accumulation, online DPO with `G > 2`, `parallel: pmap`, the compiled
-iteration); on a mesh of several devices the loop runs the padded rows.
+cut width); each micro-batch's row count is rounded up to a multiple of `⌈B / (8·parts)⌉`, so
+a run compiles at most 8 row counts per width.
+
+An update of several minibatches or accumulation steps (`parts` micro-batches of whole groups,
+`algorithm.minibatch_unit: prompt`) gets each micro-batch's groups in its own rows; a
+shuffled one (`minibatches > 1`) one packing per epoch, in the group orders the update will
+draw from the state's key (`jaxrl_llm.train.update_unit_orders`). The forwards before the
+update run the first epoch's packing. `RunConfig` refuses it where the batch is split in
+strided rows (`minibatch_unit: row` with several micro-batches) or re-read in rows (online
+DPO with `G > 2`, `parallel: pmap`, the compiled iteration); on a mesh of several devices the
+loop runs the padded rows.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import jax
 import numpy as np
 
 from jaxrl_llm.runner.context import RunContext
-from jaxrl_llm.train import PackedGroups, SequenceBatch, pack_groups, packing_fill
+from jaxrl_llm.train import (
+    PackedGroups,
+    SequenceBatch,
+    pack_groups,
+    packing_fill,
+    update_unit_orders,
+)
 from sharding import fetch_global
 
 
-def packed_groups(ctx: RunContext, sequences: SequenceBatch) -> PackedGroups | None:
-    """The batch's `PackedGroups` on the device, or None where the run does not pack
-    (`train.pack_groups` off, or a mesh of several devices).
+class StepPacking(NamedTuple):
+    """A step's packed groups: `forward` for the forwards of the whole batch before the
+    update, `update` for the update (one packing per epoch when it shuffles; else the same).
+
+    Examples:
+      >>> StepPacking(None, None)._fields
+      ('forward', 'update')
+    """
+
+    forward: PackedGroups
+    update: PackedGroups
+
+
+def packed_groups(ctx: RunContext, sequences: SequenceBatch, key: jax.Array) -> StepPacking | None:
+    """The batch's packed groups on the device, or None where the run does not pack
+    (`train.pack_groups` off, a mesh of several devices, or too little padding).
+
+    Args:
+      ctx: the run.
+      sequences: the step's rollout batch (cut to its width).
+      key: the key of the state the update will start from (`TrainState.key`): a shuffled
+        update's group orders.
 
     Examples:
       >>> from types import SimpleNamespace as NS
       >>> ctx = NS(config=NS(train=NS(pack_groups=False)), mesh=NS(size=1))
-      >>> packed_groups(ctx, None) is None
+      >>> packed_groups(ctx, None, None) is None
       True
     """
-    train = ctx.config.train
+    config = ctx.config
+    train = config.train
     if not train.pack_groups or ctx.mesh.size != 1:
         return None
+    alg = config.algorithm
     host = jax.tree.map(np.asarray, SequenceBatch(*fetch_global(tuple(sequences[:3]))))
     G = ctx.sampling.num_samples
     if padding_share(host, G) < train.pack_min_padding:
         return None  # mostly real tokens: the padded forwards are faster
-    return jax.device_put(pack_groups(host, G, pad_id=ctx.tokenizer.pad_id))
+    parts = alg.minibatches * config.optim.accumulation_steps
+    orders = None
+    if alg.shuffle and alg.minibatches > 1:  # the update's micro-batches hold whole groups
+        orders = np.asarray(update_unit_orders(key, epochs=alg.epochs, units=len(host[0]) // G))
+    packed = pack_groups(host, G, parts=parts, orders=orders, pad_id=ctx.tokenizer.pad_id)
+    packed = jax.device_put(packed)
+    if orders is None:
+        return StepPacking(packed, packed)
+    return StepPacking(jax.tree.map(lambda x: x[0], packed), packed)
 
 
 def padding_share(batch: SequenceBatch, group_size: int) -> float:
@@ -69,7 +113,7 @@ def packing_metrics(packed: PackedGroups) -> dict[str, float]:
     token).
 
     Examples:
-      >>> p = PackedGroups(*([np.array([[1, 1, 0, 0]])] * 4), None, None)
+      >>> p = PackedGroups(*([np.array([[1, 1, 0, 0]])] * 4), None, None, None)
       >>> packing_metrics(p)
       {'perf/packed_rows': 1.0, 'perf/packing_fill': 0.5}
     """

@@ -20,7 +20,7 @@
 * `reward_model` — reward-model training (Bradley-Terry on pairs): `RewardModelConfig`,
   `reward_model_objective`, `train_reward_model`.
 * `update` — the pure `update_step` (epochs × minibatches × accumulation in `lax.scan`),
-  `loss_and_grads`, `make_update_step`.
+  `loss_and_grads`, `make_update_step`, `update_unit_orders` (a shuffled update's orders).
 * `row_groups` — one update's gradient in row groups from host threads (XLA:CPU),
   `make_row_group_update_step`.
 * `shardings` — state and batch shardings for a mesh.
@@ -136,6 +136,7 @@ from jaxrl_llm.train.update import (
     loss_and_grads,
     make_update_step,
     update_step,
+    update_unit_orders,
 )
 
 __all__ = [
@@ -240,5 +241,6 @@ __all__ = [
     "train_reward_model",
     "train_state_shardings",
     "update_step",
+    "update_unit_orders",
     "weight_decay_mask",
 ]

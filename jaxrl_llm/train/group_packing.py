@@ -19,11 +19,22 @@ targets, so log-probs, entropies and everything the losses read from them equal 
 forward's up to float rounding (`tests/train/test_group_packing.py`). Only the real tokens are
 computed: `Σ_b (p_b + Σ_k c_bk)` instead of `N · (P + T)`.
 
-The packed rows ride along the `RLBatch` (`RLBatch.packed`) into an update that makes one
-optimizer update per batch (the row leaves are not split into micro-batches), and into the
+The packed rows ride along the `RLBatch` (`RLBatch.packed`) into the update, and into the
 old-policy, reference and critic forwards (`PackedSequences`, `make_logprob_fn`,
 `make_value_fn`); a value head or a `ValueModel` reads the same gathered states
-(`packed_completion_hidden`). Sources:
+(`packed_completion_hidden`).
+
+Micro-batches: an update of `parts = minibatches × accumulation_steps` micro-batches of whole
+groups (`minibatch_unit: prompt`) gives micro-batch `j` the groups at positions `≡ j (mod
+parts)` of the epoch's group order, and the packed rows `≡ j (mod parts)`
+(`jaxrl_llm.train.update`). The packing follows that split, as packed preference pairs do
+(`jaxrl_llm.train.pair_packing`): each micro-batch's groups fill its own rows `b·parts + j`,
+every micro-batch gets the same number of rows, and each sequence records its row inside the
+micro-batch (`row`, what the update's objective reads) and inside the whole batch
+(`batch_row`, what a forward of the whole batch reads). A shuffled update (`minibatches > 1`)
+draws a new group order every epoch from its state's key; `update_unit_orders` draws the
+same orders on the host, and `pack_groups(orders=)` lays out one packing per epoch (every
+leaf then has a leading epoch axis). Sources:
 padding-free training (verl's `use_remove_padding`, TRL's `padding_free`); prefix sharing
 (Wang et al., arXiv 2410.20305).
 """
@@ -51,9 +62,13 @@ class PackedGroups(NamedTuple):
       roles: `[R, L]` int32, 0 prompt, `k + 1` the group's `k`-th completion (0 on padding).
 
     Sequence leaves (`N = B·G` rows of the padded batch, `T` completion slots):
-      row: `[N]` int32, the packed row of the sequence's group.
+      row: `[N]` int32, the packed row of the sequence's group inside its micro-batch.
       slots: `[N, T]` int32, the slot (in that row) of the state that predicts completion
         token `t` (0 past the completion's real tokens).
+      batch_row: `[N]` int32, that row inside the whole batch (`row` with one micro-batch).
+
+    Packed for a shuffled update (`pack_groups(orders=)`), every leaf has a leading axis of
+    `E` epochs.
 
     Examples:
       >>> b = SequenceBatch(np.array([[4, 5, 6, 0], [4, 5, 7, 8]]), np.array([[1, 1, 1, 0],
@@ -69,6 +84,7 @@ class PackedGroups(NamedTuple):
     roles: Any
     row: Any
     slots: Any
+    batch_row: Any
 
 
 class PackedSequences(NamedTuple):
@@ -88,6 +104,8 @@ def pack_groups(
     batch: SequenceBatch,
     group_size: int,
     *,
+    parts: int = 1,
+    orders: Any = None,
     length: int | None = None,
     row_step: int | None = None,
     pad_id: int = 0,
@@ -98,16 +116,23 @@ def pack_groups(
       batch: the padded batch: `N = B·G` rows, groups of `G` consecutive rows with the same
         prompt (left-padded to `P`), completions right-padded to `T`.
       group_size: `G`.
+      parts: the update's micro-batches of whole groups (`minibatches × accumulation_steps`);
+        `B` must be a multiple of it.
+      orders: `[E, B]`, the groups' order in each epoch of a shuffled update
+        (`update_unit_orders`): one packing per epoch, stacked along a leading axis. None:
+        the batch's own order, one packing.
       length: slots per packed row `L` (None: `P + G·T`, a padded group, which always fits).
-      row_step: the row count is rounded up to a multiple of this, at most `B` (None:
-        `⌈B / 8⌉`, so that a run compiles at most 8 row counts per width).
+      row_step: each micro-batch's row count is rounded up to a multiple of this, at most
+        `B / parts` (None: `⌈B / (8·parts)⌉`, so that a run compiles at most 8 row counts
+        per width).
       pad_id: the token id of empty slots.
 
     Returns:
-      A `PackedGroups`.
+      A `PackedGroups` with `R = parts · rows_per_part` rows (the same for every epoch).
 
     Raises:
-      ValueError: `N` not a multiple of `G`, rows of a group with different prompts, a
+      ValueError: `N` not a multiple of `G`, `B` not a multiple of `parts`, an order that
+        is not a permutation of the `B` groups, rows of a group with different prompts, a
         completion target on padding, a completion without a prompt token before it, or a
         group longer than `length`.
 
@@ -120,39 +145,96 @@ def pack_groups(
       ([[3, 1, 2, 2, 5, 6, 1, 0]], [[0, 1, 2, 2, 0, 0, 1, 0]])
       >>> p.segment_ids.tolist(), p.slots.tolist()
       ([[1, 1, 1, 1, 2, 2, 2, 0]], [[0, 0], [0, 2], [5, 0], [0, 0]])
+      >>> p = pack_groups(b, 2, parts=2, orders=[[0, 1], [1, 0]], length=8)
+      >>> p.tokens[:, :, :4].tolist()  # epoch 1: group 1 first, so in micro-batch 0's row
+      [[[3, 1, 2, 2], [5, 6, 1, 0]], [[5, 6, 1, 0], [3, 1, 2, 2]]]
+      >>> p.row.tolist(), p.batch_row.tolist()
+      ([[0, 0, 0, 0], [0, 0, 0, 0]], [[0, 0, 1, 1], [1, 1, 0, 0]])
     """
     where = "pack_groups"
     G = _positive_int(where, "group_size", group_size)
+    parts = _positive_int(where, "parts", parts)
     tokens = np.asarray(batch.tokens)
     N = tokens.shape[0]
     if N % G:
         raise ValueError(f"{where}: {N} rows do not form groups of group_size = {G}.")
     B = N // G
+    if B % parts:
+        raise ValueError(f"{where}: {B} groups do not split into `parts` = {parts} micro-batches.")
     P = prompt_length(batch)
     T = np.asarray(batch.completion_mask).shape[1]
     length = P + G * T if length is None else _positive_int(where, "length", length)
     prompts, completions = _real_tokens(batch, G, where)
     sizes = [len(prompts[b]) + sum(len(c) for c in completions[b]) for b in range(B)]
-    try:
-        bins = best_fit_decreasing(sizes, length)
-    except ValueError as err:
-        raise ValueError(f"{where}: `length` {length}: {err}") from None
-    step = max(1, -(-B // 8)) if row_step is None else _positive_int(where, "row_step", row_step)
-    R = max(len(bins), min(-(-len(bins) // step) * step, B))
+    layouts = [np.arange(B)] if orders is None else _checked_orders(orders, B, where)
+    bins = [_micro_batch_bins(order, sizes, parts, length, where) for order in layouts]
+    needed = max(len(part) for layout in bins for part in layout)
+    most = B // parts  # a group per row always fits
+    step = max(1, -(-most // 8)) if row_step is None else _positive_int(where, "row_step", row_step)
+    rows_per_part = max(needed, min(-(-needed // step) * step, most))
+    packed = [
+        _lay_out(layout, rows_per_part, prompts, completions, (G, T, length, tokens.dtype, pad_id))
+        for layout in bins
+    ]
+    if orders is None:
+        return packed[0]
+    return PackedGroups(*(np.stack(leaves) for leaves in zip(*packed, strict=True)))
+
+
+def _checked_orders(orders: Any, B: int, where: str) -> list[np.ndarray]:
+    orders = np.asarray(orders)
+    if orders.ndim != 2 or orders.shape[1] != B:
+        raise ValueError(f"{where}: `orders` must be [E, B] = [E, {B}], got {orders.shape}.")
+    for e, order in enumerate(orders):
+        if not np.array_equal(np.sort(order), np.arange(B)):
+            raise ValueError(f"{where}: `orders[{e}]` is not a permutation of the {B} groups.")
+    return list(orders)
+
+
+def _micro_batch_bins(
+    order: np.ndarray, sizes: list[int], parts: int, length: int, where: str
+) -> list[list[list[int]]]:
+    """Per micro-batch `j` (the groups at positions `≡ j (mod parts)` of `order`): the groups
+    of each of its rows (best-fit decreasing)."""
+    out = []
+    for j in range(parts):
+        members = [int(b) for b in order[j::parts]]
+        try:
+            part_bins = best_fit_decreasing([sizes[b] for b in members], length)
+        except ValueError as err:
+            raise ValueError(f"{where}: `length` {length}: {err}") from None
+        out.append([[members[i] for i in row] for row in part_bins])
+    return out
+
+
+def _lay_out(
+    bins: list[list[list[int]]],
+    rows_per_part: int,
+    prompts: list[np.ndarray],
+    completions: list[list[np.ndarray]],
+    shape: tuple[int, int, int, Any, int],
+) -> PackedGroups:
+    """One packing: micro-batch `j`'s `b`-th row is row `b·parts + j` (the update's split)."""
+    G, T, length, dtype, pad_id = shape
+    parts, N = len(bins), len(prompts) * G
+    R = parts * rows_per_part
     out = {
-        "tokens": np.full((R, length), pad_id, tokens.dtype),
+        "tokens": np.full((R, length), pad_id, dtype),
         **{k: np.zeros((R, length), np.int32) for k in ("positions", "segment_ids", "roles")},
     }
-    row = np.zeros(N, np.int32)
+    row, batch_row = np.zeros(N, np.int32), np.zeros(N, np.int32)
     slots = np.zeros((N, T), np.int32)
     ends = np.zeros(G, np.int32)  # (a reward model's read-out; unused here)
-    for r, members in enumerate(bins):
-        start = 0
-        for segment, b in enumerate(members, start=1):
-            rows = slice(b * G, (b + 1) * G)
-            row[rows] = r
-            start = _place(out, r, start, segment, prompts[b], completions[b], slots[rows], ends)
-    return PackedGroups(row=row, slots=slots, **out)
+    for j, part_bins in enumerate(bins):
+        for b, members in enumerate(part_bins):
+            r, start = b * parts + j, 0
+            for segment, group in enumerate(members, start=1):
+                rows = slice(group * G, (group + 1) * G)
+                row[rows], batch_row[rows] = b, r
+                start = _place(
+                    out, r, start, segment, prompts[group], completions[group], slots[rows], ends
+                )
+    return PackedGroups(row=row, slots=slots, batch_row=batch_row, **out)
 
 
 def _real_tokens(
@@ -191,6 +273,7 @@ def packed_completion_logprobs(
     temperature: float = 1.0,
     chunk_size: int | None = None,
     with_entropy: bool = False,
+    in_micro_batch: bool = False,
 ) -> tuple[jax.Array, jax.Array | None]:
     """Token log-probs (and entropies) `[N, T]` of the padded batch's completions from one
     forward of its packed groups, as `logprobs.completion_logprobs` computes them from the
@@ -203,6 +286,8 @@ def packed_completion_logprobs(
       temperature: the sampling temperature τ.
       chunk_size: positions per vocabulary chunk.
       with_entropy: also compute the entropy.
+      in_micro_batch: `batch` and `packed` are one of the update step's micro-batches: the
+        sequences' rows are `row` (else `batch_row`, rows of the whole batch).
 
     Examples:
       >>> class Model:  # a Decoder in practice; here h = token
@@ -223,7 +308,7 @@ def packed_completion_logprobs(
     mask = (batch.completion_mask > 0).astype(jnp.float32)
     return chunked_logprobs(
         model,
-        packed_completion_hidden(model, packed),
+        packed_completion_hidden(model, packed, in_micro_batch=in_micro_batch),
         batch.tokens[:, P:],
         mask,
         temperature=temperature,
@@ -232,14 +317,18 @@ def packed_completion_logprobs(
     )
 
 
-def packed_completion_hidden(model: Any, packed: PackedGroups) -> jax.Array:
+def packed_completion_hidden(
+    model: Any, packed: PackedGroups, *, in_micro_batch: bool = False
+) -> jax.Array:
     """The final-normed states `[N, T, D]` that predict the padded batch's completion tokens
     (`logprobs.completion_hidden` of the padded rows), from one forward of the packed rows:
     what a value head reads.
 
     Args:
       model: a `Decoder` (a policy, or a `ValueModel`'s backbone).
-      packed: the batch's `PackedGroups`.
+      packed: the batch's `PackedGroups`, or one micro-batch's.
+      in_micro_batch: `packed` is one of the update step's micro-batches: the sequences' rows
+        are `row` (else `batch_row`).
 
     Examples:
       >>> class Model:  # a Decoder in practice; here h = position
@@ -256,23 +345,29 @@ def packed_completion_hidden(model: Any, packed: PackedGroups) -> jax.Array:
         segment_ids=jnp.asarray(packed.segment_ids),
         segment_roles=jnp.asarray(packed.roles),
     )
-    return hidden[jnp.asarray(packed.row)[:, None], jnp.asarray(packed.slots)]
+    rows = packed.row if in_micro_batch else packed.batch_row
+    return hidden[jnp.asarray(rows)[:, None], jnp.asarray(packed.slots)]
 
 
 def check_packed_groups(packed: PackedGroups, N: int, T: int, *, where: str) -> None:
-    """Raise a ValueError naming the problem unless `packed` holds `N` rows' `row [N]` and
-    `slots [N, T]` (`pack_groups` of this batch).
+    """Raise a ValueError naming the problem unless `packed` holds `N` rows' `row [N]`,
+    `batch_row [N]` and `slots [N, T]` (`pack_groups` of this batch), each with the same
+    leading epoch axis if any.
 
     Examples:
-      >>> p = PackedGroups(*([np.zeros((1, 4))] * 4), np.zeros(2, int), np.zeros((2, 3), int))
+      >>> z = np.zeros(2, int)
+      >>> p = PackedGroups(*([np.zeros((1, 4))] * 4), z, np.zeros((2, 3), int), z)
       >>> check_packed_groups(p, 2, 5, where="demo")
       Traceback (most recent call last):
       ...
-      ValueError: demo: `packed` must hold the N = 2 rows' row [N] and slots [N, T] = [2, 5] (pack_groups of this batch), got (2,) and (2, 3).
+      ValueError: demo: `packed` must hold the N = 2 rows' row [N], batch_row [N] and slots [N, T] = [2, 5] (pack_groups of this batch; an epoch axis first, if any), got (2,), (2,) and (2, 3).
     """
-    if packed.row.shape != (N,) or packed.slots.shape != (N, T):
+    lead = packed.row.shape[:-1]
+    ok = packed.row.shape == (*lead, N) and len(lead) <= 1
+    ok = ok and packed.batch_row.shape == packed.row.shape
+    if not ok or packed.slots.shape != (*lead, N, T):
         raise ValueError(
-            f"{where}: `packed` must hold the N = {N} rows' row [N] and slots [N, T] = "
-            f"[{N}, {T}] (pack_groups of this batch), got {packed.row.shape} and "
-            f"{packed.slots.shape}."
+            f"{where}: `packed` must hold the N = {N} rows' row [N], batch_row [N] and slots "
+            f"[N, T] = [{N}, {T}] (pack_groups of this batch; an epoch axis first, if any), "
+            f"got {packed.row.shape}, {packed.batch_row.shape} and {packed.slots.shape}."
         )

@@ -165,8 +165,9 @@ def completion_logprobs(
 
     Returns:
       `(logp[N,T], entropy[N,T] or None, hidden[N,T,D])`; the hidden states feed a value head.
-      An `RLBatch` with `packed` groups runs the packed rows instead, the states gathered
-      into the padded layout (`packed_completion_hidden`).
+      An `RLBatch` with `packed` groups (the update's batch or one of its micro-batches: the
+      sequences' rows inside it, `PackedGroups.row`) runs the packed rows instead, the states
+      gathered into the padded layout (`packed_completion_hidden`).
 
     Examples:
       >>> class Model:  # a Decoder in practice
@@ -181,7 +182,7 @@ def completion_logprobs(
     """
     packed = getattr(batch, "packed", None)
     if packed is not None:
-        hidden = packed_completion_hidden(model, packed)
+        hidden = packed_completion_hidden(model, packed, in_micro_batch=True)
     else:
         hidden = completion_hidden(model, batch, group_size=group_size)
     P = prompt_length(batch)
@@ -206,6 +207,7 @@ def critic_values(
     hidden: jax.Array | None = None,
     group_size: int = 1,
     packed: Any = None,
+    in_micro_batch: bool = False,
 ) -> jax.Array:
     """Critic values `V[N,T]` of the states before each completion token (0 outside the mask).
 
@@ -219,6 +221,8 @@ def critic_values(
       group_size: rows per shared prompt of a `ValueModel`'s forward (`completion_hidden`).
       packed: the batch's `PackedGroups`: a `ValueModel` runs the packed rows
         (`packed_completion_hidden`).
+      in_micro_batch: `packed` is one of the update step's micro-batches (its rows `row`,
+        else `batch_row`).
 
     Returns:
       `[N,T]` float32.
@@ -233,7 +237,9 @@ def critic_values(
     mask = batch.completion_mask > 0
     if isinstance(value_model, ValueModel):  # its own forward pass
         if packed is not None:
-            backbone = packed_completion_hidden(value_model.backbone, packed)
+            backbone = packed_completion_hidden(
+                value_model.backbone, packed, in_micro_batch=in_micro_batch
+            )
         else:
             backbone = completion_hidden(value_model.backbone, batch, group_size=group_size)
         values = value_model.head(backbone)

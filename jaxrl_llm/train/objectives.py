@@ -155,7 +155,12 @@ def rl_objective(
                     f"{expected.__name__}, got {type(critic).__name__}."
                 )
             values = critic_values(
-                critic, batch, hidden=hidden, group_size=group_size, packed=batch.packed
+                critic,
+                batch,
+                hidden=hidden,
+                group_size=group_size,
+                packed=batch.packed,
+                in_micro_batch=True,
             )
         return rl_loss(
             config, batch, norms, logp=logp, entropy=entropy, values=values, kl_coef=kl_coef

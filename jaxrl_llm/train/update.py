@@ -57,6 +57,14 @@ a prompt's group of `G` rows, `Objective.group_size`) has the batch split in uni
 `u = lcm(row_unit, group_size)` consecutive rows. Everything above then holds with "unit" in
 place of "row": minibatch `m` holds the units `≡ m (mod M)`, a shuffle permutes units, and
 `N` (per device, `n`) must be a multiple of `u·M·k`. With `u = 1` nothing changes.
+
+Packed groups (`RLBatch.packed`, `jaxrl_llm.train.pack_groups`): the sequence leaves of the
+packing (`row`, `slots`, `batch_row`) are ordered and split as the batch's rows, its row
+leaves `[R, L]` split in strided rows (micro-batch `j` takes the packed rows `≡ j (mod M·k)`,
+where `pack_groups(parts=M·k)` put its groups). With several micro-batches they must hold
+whole groups (a unit of `G` rows: `minibatch_unit: prompt`); a shuffled update takes one
+packing per epoch, laid out in the group orders `update_unit_orders` draws from `state.key`
+as the step does.
 """
 
 from __future__ import annotations
@@ -155,11 +163,67 @@ def _micro_batches(batch: Any, minibatches: int, k: int, unit: int = 1) -> Any:
     return jax.tree.map(split, batch)
 
 
-def _unit_permutation(key: jax.Array, rows: int, unit: int) -> jax.Array:
-    """A random order of `rows` rows that moves whole units of `unit` consecutive rows (the
-    rows of a unit stay together and in order); with `unit = 1`, `permutation(key, rows)`."""
-    units = jax.random.permutation(key, rows // unit)
-    return (units[:, None] * unit + jnp.arange(unit)).reshape(-1)
+def update_unit_orders(key: jax.Array, *, epochs: int, units: int) -> jax.Array:
+    """The order `[E, units]` in which a shuffled `update_step` (`shuffle` and
+    `minibatches > 1`) takes the batch's units (rows, or groups of `unit` rows; module
+    docstring) in each of its `E` epochs, drawn from the step's `state.key` as the step draws
+    it. Called on the host before the step, it gives the orders a packing per epoch must
+    follow (`pack_groups(orders=)`).
+
+    Examples:
+      >>> o = update_unit_orders(jax.random.key(0), epochs=2, units=4)
+      >>> o.shape, sorted(o[0].tolist()) == sorted(o[1].tolist()) == [0, 1, 2, 3]
+      ((2, 4), True)
+    """
+    step_key, _ = jax.random.split(key)
+    keys = jax.random.split(step_key, epochs)
+    return jnp.stack([jax.random.permutation(keys[e], units) for e in range(epochs)])
+
+
+def _unit_rows(order: jax.Array, unit: int) -> jax.Array:
+    """The rows of the units in `order`, each unit's `unit` consecutive rows together and in
+    order; with `unit = 1`, `order` itself."""
+    return (order[:, None] * unit + jnp.arange(unit)).reshape(-1)
+
+
+def _split_packed(
+    packed: PackedGroups, order: jax.Array | None, minibatches: int, k: int, unit: int
+) -> PackedGroups:
+    """`PackedGroups` → `[M·k, ...]` micro-batches (module docstring): the sequence leaves
+    ordered and split as the batch's rows, the packed rows strided."""
+    rows = (packed.tokens, packed.positions, packed.segment_ids, packed.roles)
+    seqs = (packed.row, packed.slots, packed.batch_row)
+    if order is not None:
+        seqs = jax.tree.map(lambda x: _take_rows(x, _unit_rows(order, unit)), seqs)
+    rows = _micro_batches(rows, minibatches, k)
+    return PackedGroups(*rows, *_micro_batches(seqs, minibatches, k, unit))
+
+
+def _check_packed(packed: PackedGroups, shuffled: bool, epochs: int, parts: int, unit: int):
+    where = "update_step"
+    if parts > 1 and unit == 1:
+        raise ValueError(
+            f"{where}: packed groups (`RLBatch.packed`) split into {parts} micro-batches need "
+            "micro-batches of whole groups (the objective's group_size = G: "
+            "algorithm.minibatch_unit 'prompt')."
+        )
+    per_epoch = packed.row.ndim == 2
+    if per_epoch != shuffled or (shuffled and packed.row.shape[0] != epochs):
+        need = (
+            f"one packing per epoch ([E = {epochs}, ...] leaves, pack_groups(orders="
+            "update_unit_orders(...)))"
+            if shuffled
+            else "one packing (no epoch axis)"
+        )
+        raise ValueError(
+            f"{where}: a {'shuffled' if shuffled else 'fixed-order'} update takes {need}, got "
+            f"`packed.row` of shape {packed.row.shape}."
+        )
+    if packed.tokens.shape[-2] % parts:
+        raise ValueError(
+            f"{where}: {packed.tokens.shape[-2]} packed rows do not split into {parts} "
+            "micro-batches (pack_groups(parts=minibatches × accumulation_steps))."
+        )
 
 
 def _update_norms(counts: Normalizers, minibatches: int, k: int, devices: int = 1) -> Normalizers:
@@ -329,11 +393,13 @@ def update_step(
             f"{where}: the batch has N = {N} {held}, not divisible into minibatches × "
             f"accumulation_steps = {minibatches} × {k} = {parts} equal micro-batches{units}."
         )
-    if isinstance(getattr(batch, "packed", None), PackedGroups) and parts > 1:
-        raise ValueError(
-            f"{where}: packed groups (`RLBatch.packed`) need one micro-batch, got minibatches "
-            f"× accumulation_steps = {minibatches} × {k}; pack for one update per batch."
-        )
+    shuffled = shuffle and minibatches > 1
+    packed = getattr(batch, "packed", None)
+    if isinstance(packed, PackedGroups):
+        _check_packed(packed, shuffled, epochs, parts, unit)
+        batch = batch._replace(packed=None)
+    else:
+        packed = None
     if (k > 1) != isinstance(state.opt_state, optax.MultiStepsState):
         raise ValueError(
             f"{where}: accumulation_steps = {k} must match the optimizer (an optax.MultiSteps "
@@ -347,7 +413,7 @@ def update_step(
             grads, loss, metrics = local_grads_of(*args)
             return jax.lax.pmean(grads, axis_name), loss, metrics
 
-    key, next_key = jax.random.split(state.key)
+    next_key = jax.random.split(state.key)[1]
     frozen, kl_coef = state.frozen, state.kl.beta
 
     def micro_step(carry: tuple[Any, Any], xs: tuple[Any, Normalizers, Normalizers]) -> Any:
@@ -369,20 +435,29 @@ def update_step(
         stats.maxes.update(flags)  # reduced by max: 1.0 if any micro-batch was non-finite
         return (params, opt_state), stats
 
-    def epoch(carry: tuple[Any, Any], epoch_key: jax.Array) -> Any:
+    def epoch(carry: tuple[Any, Any], xs: tuple[Any, Any]) -> Any:
+        order, epoch_packed = xs
         # with one minibatch the update does not depend on the row order: no permutation
         rows = batch
-        if shuffle and minibatches > 1:
-            order = _unit_permutation(epoch_key, N * devices, unit)
-            rows = _global_rows(batch, order, axis_name)
+        if order is not None:
+            rows = _global_rows(batch, _unit_rows(order, unit), axis_name)
         micro = _micro_batches(rows, minibatches, k, unit)
+        if packed is not None:
+            fixed = packed if epoch_packed is None else epoch_packed
+            micro = micro._replace(packed=_split_packed(fixed, order, minibatches, k, unit))
         local = jax.vmap(objective.normalizers)(micro)
         counts = local if axis_name is None else jax.lax.psum(local, axis_name)
         norms = _update_norms(counts, minibatches, k, devices)
         return jax.lax.scan(micro_step, carry, (micro, norms, local))
 
+    orders = None
+    if shuffled:
+        orders = update_unit_orders(state.key, epochs=epochs, units=N * devices // unit)
     (params, opt_state), stats = jax.lax.scan(
-        epoch, (state.params, state.opt_state), jax.random.split(key, epochs)
+        epoch,
+        (state.params, state.opt_state),
+        (orders, packed if shuffled else None),
+        length=epochs,
     )
     return finish_update(
         state,

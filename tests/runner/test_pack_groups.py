@@ -4,9 +4,9 @@ padding (`jaxrl_llm.runner.packed_groups`), with the padded steps' metrics and p
 The run is `test_trim_completions`'s (32 completion slots, three quarters of the byte ids
 stop a row, so completions of uneven lengths, cut to 4-16 slots), two steps with and without
 packing, for GRPO (a KL loss: the reference forward packed too), Dr. GRPO, GSPO (sequence-level
-ratios), DAPO with refills (two epochs: the old-policy forward packed too), and PPO with a
-`ValueModel` critic or a value head (the critic's forward packed too); and the runs it
-refuses.
+ratios), DAPO with refills (two epochs: the old-policy forward packed too), PPO with a
+`ValueModel` critic or a value head (the critic's forward packed too), and updates of several
+shuffled minibatches and accumulation steps of whole groups; and the runs it refuses.
 """
 
 from __future__ import annotations
@@ -32,12 +32,17 @@ from tests.runner.test_trim_completions import RUN, _steps, assert_same_steps
             "ppo_value_head_adaptive_kl",
             ("algorithm.minibatches=1", "optim.accumulation_steps=1"),
         ),
+        # 2 epochs × 2 shuffled minibatches × 2 accumulation steps of whole groups: one
+        # packing per epoch, each micro-batch's groups in its own rows
+        ("ppo_value_head_adaptive_kl", ("algorithm.minibatch_unit=prompt",)),
+        ("grpo", ("algorithm.minibatches=2", "algorithm.minibatch_unit=prompt")),
     ],
 )
 def test_packed_steps_match_the_padded_steps(tmp_path, name, overrides):
-    history, _, params = _steps(
+    history, perf, params = _steps(
         tmp_path / "packed", name, True, "train.pack_groups=true", *overrides
     )
+    assert any("perf/packed_rows" in p for p in perf)  # a step ran packed
     history_padded, _, params_padded = _steps(tmp_path / "padded", name, True, *overrides)
     assert_same_steps((history, params), (history_padded, params_padded), name)
 
@@ -70,8 +75,8 @@ def test_packing_is_logged(tmp_path):
     ("config", "overrides", "why"),
     [
         ("online_dpo", ("sampling.num_samples=4",), "online DPO's reference forward"),
-        ("grpo", ("algorithm.minibatches=2",), "the update splits the batch"),
-        ("grpo", ("optim.accumulation_steps=2",), "the update splits the batch"),
+        ("grpo", ("algorithm.minibatches=2",), "take strided rows.*minibatch_unit: prompt"),
+        ("grpo", ("optim.accumulation_steps=2",), "take strided rows"),
         ("grpo", ("train.compiled_iterations=2", "rewards={jax_native: true}",
                   "checkpoint.every=2"), "the compiled iteration"),
         ("grpo", ("parallel=pmap",), "parallel: pmap"),

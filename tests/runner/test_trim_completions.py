@@ -42,12 +42,12 @@ def _steps(tmp_path, name, trim, *overrides):
     prepared = prepare_run(config)
     prepared.checkpointer.close()
     ctx, state, data = prepared.context, prepared.state, prepared.data
-    history, widths = [], []
+    history, perf = [], []
     for step in (1, 2):
         state, data, metrics = loop._rl_step(ctx, state, data, step)
-        widths.append(metrics["perf/completion_width"])
+        perf.append({k: v for k, v in metrics.items() if k.startswith("perf/")})
         history.append({k: v for k, v in metrics.items() if not k.startswith(("time/", "perf/"))})
-    return history, widths, jax.tree.leaves(state.params)
+    return history, perf, jax.tree.leaves(state.params)
 
 
 @pytest.mark.parametrize(
@@ -60,8 +60,10 @@ def _steps(tmp_path, name, trim, *overrides):
     ],
 )
 def test_trimmed_steps_match_the_full_width(tmp_path, name, overrides):
-    history, widths, params = _steps(tmp_path, name, True, *overrides)
-    history_full, widths_full, params_full = _steps(tmp_path, name, False, *overrides)
+    history, perf, params = _steps(tmp_path, name, True, *overrides)
+    history_full, perf_full, params_full = _steps(tmp_path, name, False, *overrides)
+    widths = [p["perf/completion_width"] for p in perf]
+    widths_full = [p["perf/completion_width"] for p in perf_full]
     assert widths_full == [T, T]
     assert all(w in (4, 8, 16) for w in widths), widths  # every step was cut
     assert history[0]["adv/std"] > 0 or "adv/std" not in history[0]

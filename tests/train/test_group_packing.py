@@ -28,6 +28,7 @@ from jaxrl_llm.train import (
     preset,
     rl_objective,
     split_models,
+    update_unit_orders,
 )
 from tests.train.helpers import (
     V,
@@ -40,14 +41,14 @@ from tests.train.helpers import (
 B, G, P, T = 3, 4, 6, 7
 
 
-def grouped_batch(seed: int = 0) -> SequenceBatch:
-    """`B` prompts (left-padded, 2..P real tokens) × `G` completions of 1..T real tokens (one
-    full), one row invalid (its completion mask zeroed, its tokens real)."""
+def grouped_batch(seed: int = 0, prompts: int = B) -> SequenceBatch:
+    """`prompts` prompts (left-padded, 2..P real tokens) × `G` completions of 1..T real tokens
+    (one full), one row invalid (its completion mask zeroed, its tokens real)."""
     rng = np.random.default_rng(seed)
-    tokens = np.zeros((B * G, P + T), np.int32)
-    attention = np.zeros((B * G, P + T), np.int32)
-    mask = np.zeros((B * G, T), np.float32)
-    for b in range(B):
+    tokens = np.zeros((prompts * G, P + T), np.int32)
+    attention = np.zeros((prompts * G, P + T), np.int32)
+    mask = np.zeros((prompts * G, T), np.float32)
+    for b in range(prompts):
         p = int(rng.integers(2, P + 1))
         prompt = rng.integers(1, V, p)
         for k in range(G):
@@ -219,12 +220,76 @@ def test_an_update_step_on_packed_groups_matches_the_padded_one():
             state, _ = step(state, _rl_batch(batch, packed))
         states[form] = state.params
     assert tree_max_abs_diff(states["packed"], states["padded"]) < 2e-5
-    with pytest.raises(ValueError, match=r"packed groups .* need one micro-batch"):
-        split = make_update_step(rl_objective(alg, graphs), tx, minibatches=2)
-        split(
-            init_train_state(params, frozen, tx, key=jax.random.key(0)),
-            _rl_batch(batch, _packed(batch)),
+
+
+@pytest.mark.parametrize(
+    ("epochs", "minibatches", "accumulation", "shuffle"),
+    [(1, 1, 2, True), (2, 2, 1, False), (2, 2, 1, True), (2, 2, 2, True)],
+)
+def test_micro_batches_of_packed_groups_match_the_padded_ones(
+    epochs, minibatches, accumulation, shuffle
+):
+    """PPO-style reuse: 4 prompts in micro-batches of whole groups, reshuffled every epoch
+    (one packing per epoch, in the orders `update_unit_orders` draws from the state's key):
+    the parameters and metrics of two steps match the padded batch's."""
+    alg = dataclasses.replace(preset("grpo"), epochs=epochs, minibatches=minibatches)
+    graphs, params, frozen = split_models(tiny_policy())
+    tx = optax.adam(1e-2)
+    if accumulation > 1:
+        tx = optax.MultiSteps(tx, every_k_schedule=accumulation).gradient_transformation()
+    objective = rl_objective(alg, graphs, group_size=G)
+    kw = dict(epochs=epochs, minibatches=minibatches, accumulation_steps=accumulation)
+    step = make_update_step(objective, tx, shuffle=shuffle, **kw)
+    batch = grouped_batch(seed=3, prompts=4)
+    host = jax.tree.map(np.asarray, batch)
+    results = {}
+    for form in ("padded", "packed"):
+        state = init_train_state(jax.tree.map(jnp.copy, params), frozen, tx, key=jax.random.key(5))
+        for _ in range(2):
+            packed = None
+            if form == "packed":
+                orders = None
+                if shuffle and minibatches > 1:
+                    orders = update_unit_orders(state.key, epochs=epochs, units=4)
+                packed = pack_groups(host, G, parts=minibatches * accumulation, orders=orders)
+                packed = jax.tree.map(jnp.asarray, packed)
+            state, metrics = step(state, _rl_batch(batch, packed))
+        results[form] = state.params, metrics
+    (params_packed, packed_metrics), (params_padded, metrics) = results["packed"], results["padded"]
+    assert tree_max_abs_diff(params_packed, params_padded) < 5e-5
+    assert tree_max_abs_diff(params_padded, params) > 1e-3
+    for key, value in metrics.items():
+        np.testing.assert_allclose(packed_metrics[key], value, rtol=1e-4, atol=2e-6, err_msg=key)
+
+
+def test_an_update_refuses_packing_it_cannot_split():
+    alg = preset("grpo")
+    graphs, params, frozen = split_models(tiny_policy())
+    tx = optax.adam(1e-2)
+    batch = grouped_batch(prompts=4)
+    host = jax.tree.map(np.asarray, batch)
+
+    def run(packed, objective, **kw):
+        step = make_update_step(objective, tx, **kw)
+        state = init_train_state(jax.tree.map(jnp.copy, params), frozen, tx, key=jax.random.key(0))
+        step(state, _rl_batch(batch, jax.tree.map(jnp.asarray, packed)))
+
+    strided = rl_objective(alg, graphs)  # micro-batches of strided rows, not whole groups
+    with pytest.raises(ValueError, match=r"split into 2 micro-batches need micro-batches of whole"):
+        run(pack_groups(host, G, parts=2), strided, minibatches=2)
+    whole = rl_objective(alg, graphs, group_size=G)
+    with pytest.raises(ValueError, match=r"a shuffled update takes one packing per epoch"):
+        run(pack_groups(host, G, parts=2), whole, minibatches=2)
+    with pytest.raises(ValueError, match=r"a fixed-order update takes one packing \(no epoch"):
+        run(
+            pack_groups(host, G, parts=2, orders=[[0, 1, 2, 3]]),
+            whole,
+            minibatches=2,
+            shuffle=False,
         )
+    with pytest.raises(ValueError, match=r"packed rows do not split into 2 micro-batches"):
+        one_row = pack_groups(host, G, length=4 * (P + G * T))  # packed for one micro-batch
+        run(one_row, whole, minibatches=2, shuffle=False)
 
 
 def test_refusals_name_the_problem():

@@ -36,7 +36,7 @@ from jaxrl_llm.train.algorithms import (
     online_dpo_pairs,
     online_dpo_select,
 )
-from jaxrl_llm.train.update import _unit_permutation
+from jaxrl_llm.train.update import _unit_rows, update_unit_orders
 from tests.train.helpers import sequences, tree_max_abs_diff
 from tests.train.test_update import P, fresh_state, prepare
 
@@ -281,13 +281,18 @@ def test_minibatches_and_accumulation_keep_each_pair_in_one_micro_batch():
 
 def test_a_shuffled_epoch_moves_whole_pairs():
     key = jax.random.key(3)
-    order = np.asarray(_unit_permutation(key, 12, 2))
+    units = update_unit_orders(key, epochs=2, units=6)
+    order = np.asarray(_unit_rows(units[0], 2))
     assert sorted(order.tolist()) == list(range(12))
     pairs = order.reshape(6, 2)
     np.testing.assert_array_equal(pairs[:, 1], pairs[:, 0] + 1)
     assert (pairs[:, 0] % 2 == 0).all() and pairs[:, 0].tolist() != list(range(0, 12, 2))
-    np.testing.assert_array_equal(  # units of one row: the plain permutation of the rows
-        np.asarray(_unit_permutation(key, 12, 1)), np.asarray(jax.random.permutation(key, 12))
+    assert units[0].tolist() != units[1].tolist()  # a new order every epoch
+    # units of one row: each epoch's plain permutation of the rows, from the step's key
+    epoch_keys = jax.random.split(jax.random.split(key)[0], 2)
+    np.testing.assert_array_equal(
+        np.asarray(update_unit_orders(key, epochs=2, units=12)),
+        np.stack([np.asarray(jax.random.permutation(k, 12)) for k in epoch_keys]),
     )
 
 

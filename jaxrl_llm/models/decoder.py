@@ -444,13 +444,121 @@ class Decoder(nnx.Module):
             mask = full_masks[window]
             return mask[::G, :P, :P] if prompt else mask[:, P:]
 
-        prompt_in = self._per_layer_inputs(
-            positions[::G, :P], functools.partial(rows_of, prompt=True)
+        x_p, x_c = self._prompt_shared_layers(
+            (tokens[::G, :P], positions[::G, :P], functools.partial(rows_of, prompt=True)),
+            (tokens[:, P:], positions[:, P:], functools.partial(rows_of, prompt=False)),
+            functools.partial(jnp.repeat, repeats=G, axis=0),
         )
-        completion_in = self._per_layer_inputs(
-            positions[:, P:], functools.partial(rows_of, prompt=False)
+        hidden = jnp.concatenate([jnp.repeat(x_p, G, axis=0), x_c], axis=1)
+        return shard(hidden, ("batch", "length", "embed"))
+
+    def prompt_indexed_hidden_states(
+        self,
+        prompt_tokens: Array,
+        prompt_positions: Array,
+        prompt_mask: Array,
+        tokens: Array,
+        positions: Array,
+        roles: Array,
+        prompt_index: Array,
+    ) -> tuple[Array, Array]:
+        """Hidden states of prompts `[B, P]` and of completion rows `[R, W]` that each read one
+        of them: the shared-prompt forward with a prompt index per row instead of `G` rows
+        per prompt, so that a row can hold several short completions of the same prompt.
+
+        Completion row `r` attends to the real tokens of prompt `prompt_index[r]`, then to the
+        earlier tokens of its own row with its own role (`roles[r, s] = k ≥ 1` for the row's
+        `k`-th completion, 0 for empty slots; `kv_cache.full_attention_mask`), at rotary
+        `positions` that continue the prompt's:
+
+            prompt layer:      x_p[B, P]  attends to k_p, v_p                       (causal)
+            completion layer:  x_c[R, W]  attends to [k_p[prompt_index] ; k_c]      (causal, role)
+
+        Each token sees what it sees in its padded row, so the states equal `hidden_states` of
+        the padded rows up to float rounding. Prompts are left-padded (`prompt_mask`), so a
+        prompt's last state, which predicts its completions' first tokens, is `x_p[:, P − 1]`.
+        The norms, projections and MLP run once per layer on the `B·P + R·W` tokens. Without
+        `plain_layout()` (a mesh of several devices) each row runs its prompt itself
+        (`hidden_states` with segments and roles): the same states, more work.
+
+        Args:
+          prompt_tokens, prompt_positions, prompt_mask: `[B, P]` left-padded prompts, their
+            rotary positions and real-token mask.
+          tokens, positions, roles: `[R, W]` completion rows.
+          prompt_index: `[R]` int, the prompt each row reads.
+
+        Returns:
+          Final-normed `(x_p[B, P, D], x_c[R, W, D])` in the compute dtype.
+
+        Examples:
+          >>> cfg = ModelConfig(family="qwen3", vocab_size=11, hidden_size=8,
+          ...                   intermediate_size=16, num_layers=2, num_heads=2,
+          ...                   num_kv_heads=1, head_dim=4)
+          >>> model = Decoder(cfg, rngs=nnx.Rngs(0))
+          >>> padded = model.hidden_states(jnp.array([[1, 2, 3, 4], [1, 2, 5, 0]]),
+          ...                              jnp.array([[0, 1, 2, 3], [0, 1, 2, 0]]),
+          ...                              attention_mask=jnp.array([[1, 1, 1, 1], [1, 1, 1, 0]]))
+          >>> x_p, x_c = model.prompt_indexed_hidden_states(  # completions 3 4 and 5 in a row
+          ...     jnp.array([[1, 2]]), jnp.array([[0, 1]]), jnp.array([[1, 1]]),
+          ...     jnp.array([[3, 4, 5]]), jnp.array([[2, 3, 2]]), jnp.array([[1, 1, 2]]),
+          ...     jnp.array([0]))
+          >>> bool(jnp.allclose(x_c[0, :2], padded[0, 2:], atol=1e-5))
+          True
+          >>> bool(jnp.allclose(x_c[0, 2], padded[1, 2], atol=1e-5))
+          True
+        """
+        for name, value in (("prompt_positions", prompt_positions), ("prompt_mask", prompt_mask)):
+            if value.shape != prompt_tokens.shape:
+                raise ValueError(
+                    f"`{name}` must have the prompt tokens' shape {prompt_tokens.shape}, got "
+                    f"{value.shape}."
+                )
+        _check_inputs(tokens, positions, roles, "roles")
+        R = tokens.shape[0]
+        if prompt_index.shape != (R,):
+            raise ValueError(f"`prompt_index` must be [R] = [{R}], got {prompt_index.shape}.")
+        P = prompt_tokens.shape[1]
+        row_prompt = jnp.take(prompt_mask, prompt_index, axis=0).astype(jnp.int32)
+        segments = jnp.concatenate([row_prompt, (roles > 0).astype(jnp.int32)], axis=1)
+        both_roles = jnp.concatenate([jnp.zeros_like(row_prompt), roles.astype(jnp.int32)], 1)
+        both_positions = jnp.concatenate(
+            [jnp.take(prompt_positions, prompt_index, axis=0), positions], axis=1
         )
-        blocks = _TokenBlocks(prompt_rows=N // G, prompt_length=P, rows=N, length=S - P)
+        if not plain_layout():
+            rows = jnp.concatenate([jnp.take(prompt_tokens, prompt_index, axis=0), tokens], 1)
+            hidden = self.hidden_states(
+                rows, both_positions, segment_ids=segments, segment_roles=both_roles
+            )
+            x_p = self.hidden_states(
+                prompt_tokens, prompt_positions, attention_mask=prompt_mask.astype(jnp.int32)
+            )
+            return x_p, hidden[:, P:]
+
+        def prompt_mask_fn(window: int | None) -> Array:
+            real = prompt_mask.astype(jnp.int32)
+            return kv_cache.full_attention_mask(real, prompt_positions, window)
+
+        def completion_mask_fn(window: int | None) -> Array:
+            mask = kv_cache.full_attention_mask(segments, both_positions, window, both_roles)
+            return mask[:, P:]
+
+        return self._prompt_shared_layers(
+            (prompt_tokens, prompt_positions, prompt_mask_fn),
+            (tokens, positions, completion_mask_fn),
+            functools.partial(jnp.take, indices=prompt_index, axis=0),
+        )
+
+    def _prompt_shared_layers(
+        self, prompts: tuple[Array, Array, Any], rows: tuple[Array, Array, Any], prefix: Any
+    ) -> tuple[Array, Array]:
+        """The layers over prompts `[B, P]` and the rows that read them `[R, W]`, each part a
+        `(tokens, positions, mask_fn)`; `prefix` maps a prompt-part array `[B, P, ...]` to each
+        row's prompt `[R, P, ...]`. Final-normed `(x_p, x_c)`."""
+        (tokens_p, positions_p, mask_p), (tokens_c, positions_c, mask_c) = prompts, rows
+        prompt_in = self._per_layer_inputs(positions_p, mask_p)
+        completion_in = self._per_layer_inputs(positions_c, mask_c)
+        (B, P), (R, W) = tokens_p.shape, tokens_c.shape
+        blocks = _TokenBlocks(prompt_rows=B, prompt_length=P, rows=R, length=W)
         angles = blocks.join(prompt_in[0], completion_in[0])
         masks = jax.tree.map(lambda a, b: (a, b), prompt_in[1], completion_in[1])
         sliding, mixed = prompt_in[2], isinstance(prompt_in[1], tuple)
@@ -458,12 +566,11 @@ class Decoder(nnx.Module):
         attention = self._attention()
 
         def shared_attention(q: Array, k: Array, v: Array, mask: Any, **kw: Any) -> Array:
-            # the prompts attend to themselves; the completions to their group's prompt
-            # (repeated G times), then to themselves
+            # the prompts attend to themselves; each row to its prompt, then to itself
             (q_p, q_c), (k_p, k_c), (v_p, v_c) = blocks.split(q), blocks.split(k), blocks.split(v)
 
             def after_prompt(shared: Array, own: Array) -> Array:
-                return jnp.concatenate([jnp.repeat(shared, G, axis=0), own], axis=1)
+                return jnp.concatenate([prefix(shared), own], axis=1)
 
             out_p = attention(q_p, k_p, v_p, mask[0], **kw)
             out_c = attention(q_c, after_prompt(k_p, k_c), after_prompt(v_p, v_c), mask[1], **kw)
@@ -476,11 +583,9 @@ class Decoder(nnx.Module):
             x, _ = block(x, sin, cos, mask, None, attention=shared_attention)
             return x, None
 
-        x = self._embed(blocks.join(tokens[::G, :P], tokens[:, P:]))
+        x = self._embed(blocks.join(tokens_p, tokens_c))
         x, _ = jax.lax.scan(self._remat(body), x, (state, sliding))
-        x_p, x_c = blocks.split(self.final_norm(x))
-        hidden = jnp.concatenate([jnp.repeat(x_p, G, axis=0), x_c], axis=1)
-        return shard(hidden, ("batch", "length", "embed"))
+        return blocks.split(self.final_norm(x))
 
     def logits(self, hidden: Array) -> Array:
         """Project hidden states `[..., D]` to float32 logits `[..., V]` (with soft-capping).

@@ -282,13 +282,13 @@ class TrainConfig:
         compilation per width met).
       trim_minimum: the smallest width `trim_completions` cuts to.
       pack_groups: RL on one device: the forwards (policy, reference, critic) and the update
-        run each step's groups packed without padding, each prompt once with its `G`
-        completions, several groups per row (`jaxrl_llm.train.pack_groups`; the same losses
-        and gradients up to float rounding). With several minibatches or accumulation steps,
-        micro-batches of whole groups (`algorithm.minibatch_unit: prompt`). Off: the padded
-        rows.
+        run each step's groups packed, each prompt once and its `G` completions back to back
+        in shared rows (`jaxrl_llm.train.pack_groups`; the same losses and gradients up to
+        float rounding). With several minibatches or accumulation steps, micro-batches of
+        whole groups (`algorithm.minibatch_unit: prompt`). Off: the padded rows.
       pack_min_padding: with `pack_groups`, pack a step only when padding is at least this
-        share of the padded forward's slots (`runner.packed_groups.padding_share`; 0: always).
+        share of the padded forward's slots (`runner.packed_groups.padding_share`; 0: always;
+        default 0.2: full-length batches ran 9 % slower packed, 32 % padding 1.23× faster).
 
     Examples:
       >>> build(TrainConfig, {"steps": 3, "eval_pass_k": [1, 4]}).eval_pass_k
@@ -314,7 +314,7 @@ class TrainConfig:
     trim_completions: bool = True
     trim_minimum: int = 16
     pack_groups: bool = False
-    pack_min_padding: float = 0.6
+    pack_min_padding: float = 0.2
 
     def __post_init__(self) -> None:
         minimum = {

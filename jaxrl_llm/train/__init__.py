@@ -10,7 +10,7 @@
   `PackedPairs`, `packed_pair_logprobs`, `packed_pair_scores`.
 * `group_packing` — padding-free rollout batches, each prompt once with its `G` completions:
   `pack_groups`, `PackedGroups`, `PackedSequences`, `packed_completion_logprobs`,
-  `packed_completion_hidden`.
+  `packed_completion_hidden`, `group_packing_fill`.
 * `logprobs` — chunked completion log-probs / entropies / values and their jitted forwards.
 * `algorithms` — `AlgorithmConfig`, named `PRESETS`, and the composed RL loss.
 * `advantages` — rewards → advantages, returns and the kept-groups mask; `build_rl_batch`.
@@ -57,6 +57,7 @@ from jaxrl_llm.train.group_packing import (
     PackedGroups,
     PackedSequences,
     check_packed_groups,
+    group_packing_fill,
     pack_groups,
     packed_completion_hidden,
     packed_completion_logprobs,
@@ -185,6 +186,7 @@ __all__ = [
     "critic_values",
     "finish_update",
     "group_gradients",
+    "group_packing_fill",
     "has_learning_rate",
     "init_train_state",
     "interleave_pairs",

@@ -64,10 +64,10 @@ class RLBatch(NamedTuple):
       old_values: `[N,T]` critic values before the update (value clipping), or None.
       returns: `[N,T]` value targets (from GAE), or None.
       rollout_logp: `[N,T]` behaviour log-probs of the sampler (rollout correction), or None.
-      packed: the batch's groups packed several to a row (`jaxrl_llm.train.pack_groups`), or
-        None; the policy's forward then runs the packed rows (its row leaves have a leading
-        axis of packed rows, so only an update that makes one optimizer update per batch
-        takes it).
+      packed: the batch's groups packed (`jaxrl_llm.train.pack_groups`: each prompt once,
+        its completions in shared rows), or None; the policy's forward then runs the packed
+        rows. Its row leaves do not have `N` rows: an update split into micro-batches needs
+        a packing made for its split (`pack_groups(parts=, orders=)`).
 
     Examples:
       >>> import jax.numpy as jnp

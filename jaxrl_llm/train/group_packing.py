@@ -1,42 +1,47 @@
-"""Padding-free RL batches: each prompt once with its `G` completions, several groups per row.
+"""Padding-free RL batches: each prompt once, its `G` completions packed into rows that read it.
 
 A rollout batch holds `N = B·G` rows of `P + T` slots: every prompt left-padded to the
 longest, every completion right-padded to the longest (or to the budget), and each prompt
-repeated for its `G` samples. Packing lays each group out as one run of real tokens,
+repeated for its `G` samples. Packing keeps the `B` prompts once, left-padded (`[B, P]`,
+what the shared-prompt forward already does), and puts each group's completions back to back
+into completion rows of `W` slots (`W = T` by default, so every completion fits; best-fit
+decreasing per group, as for SFT and preference pairs: `jaxrl_llm.train.packing`):
 
-    [ prompt (p) | completion 1 (c₁) | … | completion G (c_G) ]
-      role 0       role 1                 role G
-    positions 0..p−1 | p..p+c₁−1 | … | p..p+c_G−1
+    prompt row b:       [ pad … | prompt b ]                          positions 0..p−1
+    completion row r:   [ completion i | completion j | … | pad ]     roles 1, 2, …, 0
+                        each at positions p..p+c−1, reading prompt `prompt_row[r]`
 
-and puts several groups into rows of `L` slots (best-fit decreasing, as for SFT and preference
-pairs: `jaxrl_llm.train.packing`, `jaxrl_llm.train.pair_packing`). Attention
-(`Decoder.hidden_states(segment_ids=, segment_roles=)`) stays inside a group, and a completion
-reads the prompt and its own earlier tokens only, at the rotary positions of its padded row,
-so every completion token sees what it sees in the padded batch. A completion's first token
-is predicted by the prompt's last state, a later one by its predecessor; the forward gathers
-those states back into the padded `[N, T]` layout (`slots`) and scores the batch's own
-targets, so log-probs, entropies and everything the losses read from them equal the padded
-forward's up to float rounding (`tests/train/test_group_packing.py`). Only the real tokens are
-computed: `Σ_b (p_b + Σ_k c_bk)` instead of `N · (P + T)`.
+`Decoder.prompt_indexed_hidden_states` runs them: a completion token reads the real tokens of
+its group's prompt and the earlier tokens of its own completion, at the rotary positions of
+its padded row, so every completion token sees what it sees in the padded batch. A
+completion's first token is predicted by the prompt's last state (slot `P − 1`), a later one
+by its predecessor (`slots`); the forward gathers those states back into the padded
+`[N, T]` layout and scores the batch's own targets, so log-probs, entropies and everything
+the losses read from them equal the padded forward's up to float rounding
+(`tests/train/test_group_packing.py`). Each completion row attends over `P + W` keys, as a
+padded row does, so a batch of full-length completions costs what the padded shared-prompt
+forward costs, and one of short completions fewer rows: `B·P + R·W` slots instead of
+`B·P + N·T`.
 
-The packed rows ride along the `RLBatch` (`RLBatch.packed`) into the update, and into the
+The packing rides along the `RLBatch` (`RLBatch.packed`) into the update, and into the
 old-policy, reference and critic forwards (`PackedSequences`, `make_logprob_fn`,
 `make_value_fn`); a value head or a `ValueModel` reads the same gathered states
 (`packed_completion_hidden`).
 
 Micro-batches: an update of `parts = minibatches × accumulation_steps` micro-batches of whole
 groups (`minibatch_unit: prompt`) gives micro-batch `j` the groups at positions `≡ j (mod
-parts)` of the epoch's group order, and the packed rows `≡ j (mod parts)`
-(`jaxrl_llm.train.update`). The packing follows that split, as packed preference pairs do
-(`jaxrl_llm.train.pair_packing`): each micro-batch's groups fill its own rows `b·parts + j`,
-every micro-batch gets the same number of rows, and each sequence records its row inside the
-micro-batch (`row`, what the update's objective reads) and inside the whole batch
-(`batch_row`, what a forward of the whole batch reads). A shuffled update (`minibatches > 1`)
-draws a new group order every epoch from its state's key; `update_unit_orders` draws the
-same orders on the host, and `pack_groups(orders=)` lays out one packing per epoch (every
-leaf then has a leading epoch axis). Sources:
-padding-free training (verl's `use_remove_padding`, TRL's `padding_free`); prefix sharing
-(Wang et al., arXiv 2410.20305).
+parts)` of the epoch's group order, and the prompt rows and completion rows `≡ j (mod
+parts)` (`jaxrl_llm.train.update`). The packing follows that split, as packed preference
+pairs do (`jaxrl_llm.train.pair_packing`): micro-batch `j`'s `b`-th group is prompt row
+`b·parts + j` and its completions fill completion rows `c·parts + j`, every micro-batch gets
+the same number of rows, and the indices come twice: inside the micro-batch (`row`,
+`prompt_row`: what the update's objective reads) and inside the whole batch (`batch_row`,
+`batch_prompt_row`: what a forward of the whole batch reads). A shuffled update
+(`minibatches > 1`) draws a new group order every epoch from its state's key;
+`update_unit_orders` draws the same orders on the host, and `pack_groups(orders=)` lays out
+one packing per epoch (every leaf then has a leading epoch axis). Sources: padding-free
+training (verl's `use_remove_padding`, TRL's `padding_free`); prefix sharing (Wang et al.,
+arXiv 2410.20305).
 """
 
 from __future__ import annotations
@@ -49,23 +54,32 @@ import numpy as np
 
 from jaxrl_llm.train.batch import SequenceBatch, prompt_length
 from jaxrl_llm.train.packing import best_fit_decreasing
-from jaxrl_llm.train.pair_packing import _checked_completion, _place, _positive_int
+from jaxrl_llm.train.pair_packing import _checked_completion, _positive_int
+
+PROMPT_LEAVES = ("prompt_tokens", "prompt_positions", "prompt_mask")
+ROW_LEAVES = ("tokens", "positions", "roles", "prompt_row", "batch_prompt_row")
+SEQUENCE_LEAVES = ("row", "batch_row", "slots")
 
 
 class PackedGroups(NamedTuple):
-    """A rollout batch's groups packed several to a row (module docstring).
+    """A rollout batch's prompts once and its completions packed into rows (module docstring).
 
-    Row leaves (`R` packed rows of `L` slots):
-      tokens: `[R, L]` int, the groups' real tokens back to back, then `pad_id`.
-      positions: `[R, L]` int32 rotary positions (each completion continues its prompt).
-      segment_ids: `[R, L]` int32, `k ≥ 1` for the row's `k`-th group, 0 for padding.
-      roles: `[R, L]` int32, 0 prompt, `k + 1` the group's `k`-th completion (0 on padding).
+    Prompt leaves (`B` prompts of `P` slots, left-padded):
+      prompt_tokens: `[B, P]` int; prompt_positions: `[B, P]` int32 rotary positions;
+      prompt_mask: `[B, P]` int32, 1 on real tokens.
+
+    Completion-row leaves (`R` rows of `W` slots):
+      tokens: `[R, W]` int, completions back to back, then `pad_id`.
+      positions: `[R, W]` int32 rotary positions (each completion continues its prompt).
+      roles: `[R, W]` int32, `k ≥ 1` for the row's `k`-th completion, 0 for empty slots.
+      prompt_row: `[R]` int32, the prompt row the row reads, inside its micro-batch.
+      batch_prompt_row: `[R]` int32, that prompt row inside the whole batch.
 
     Sequence leaves (`N = B·G` rows of the padded batch, `T` completion slots):
-      row: `[N]` int32, the packed row of the sequence's group inside its micro-batch.
-      slots: `[N, T]` int32, the slot (in that row) of the state that predicts completion
-        token `t` (0 past the completion's real tokens).
+      row: `[N]` int32, the completion row of the sequence inside its micro-batch.
       batch_row: `[N]` int32, that row inside the whole batch (`row` with one micro-batch).
+      slots: `[N, T]` int32, the slot (in that row) of the state that predicts completion
+        token `t ≥ 1` (token 0 is predicted by the prompt's last state; 0 past the end).
 
     Packed for a shuffled update (`pack_groups(orders=)`), every leaf has a leading axis of
     `E` epochs.
@@ -73,18 +87,24 @@ class PackedGroups(NamedTuple):
     Examples:
       >>> b = SequenceBatch(np.array([[4, 5, 6, 0], [4, 5, 7, 8]]), np.array([[1, 1, 1, 0],
       ...                   [1, 1, 1, 1]]), np.array([[1.0, 0.0], [1.0, 1.0]]))
-      >>> p = pack_groups(b, 2)  # one row: prompt 4 5, completions 6 and 7 8
-      >>> p.tokens.tolist(), p.positions.tolist(), p.slots.tolist()
-      ([[4, 5, 6, 7, 8, 0]], [[0, 1, 2, 2, 3, 0]], [[1, 0], [1, 3]])
+      >>> p = pack_groups(b, 2, width=3)  # prompt 4 5; completions 6 and 7 8 in one row
+      >>> p.prompt_tokens.tolist(), p.tokens.tolist(), p.positions.tolist()
+      ([[4, 5]], [[6, 7, 8]], [[2, 2, 3]])
+      >>> p.roles.tolist(), p.slots.tolist()
+      ([[1, 2, 2]], [[0, 0], [0, 1]])
     """
 
+    prompt_tokens: Any
+    prompt_positions: Any
+    prompt_mask: Any
     tokens: Any
     positions: Any
-    segment_ids: Any
     roles: Any
+    prompt_row: Any
+    batch_prompt_row: Any
     row: Any
-    slots: Any
     batch_row: Any
+    slots: Any
 
 
 class PackedSequences(NamedTuple):
@@ -106,7 +126,7 @@ def pack_groups(
     *,
     parts: int = 1,
     orders: Any = None,
-    length: int | None = None,
+    width: int | None = None,
     row_step: int | None = None,
     pad_id: int = 0,
 ) -> PackedGroups:
@@ -121,35 +141,36 @@ def pack_groups(
       orders: `[E, B]`, the groups' order in each epoch of a shuffled update
         (`update_unit_orders`): one packing per epoch, stacked along a leading axis. None:
         the batch's own order, one packing.
-      length: slots per packed row `L` (None: `P + G·T`, a padded group, which always fits).
-      row_step: each micro-batch's row count is rounded up to a multiple of this, at most
-        `B / parts` (None: `⌈B / (8·parts)⌉`, so that a run compiles at most 8 row counts
-        per width).
+      width: slots per completion row `W`, at least the longest completion (None: `T`).
+      row_step: each micro-batch's completion-row count is rounded up to a multiple of this,
+        at most `N / parts` (None: `⌈N / (8·parts)⌉`, so that a run compiles at most 8 row
+        counts per width).
       pad_id: the token id of empty slots.
 
     Returns:
-      A `PackedGroups` with `R = parts · rows_per_part` rows (the same for every epoch).
+      A `PackedGroups` with `B` prompt rows and `R = parts · rows_per_part` completion rows
+      (the same for every epoch).
 
     Raises:
       ValueError: `N` not a multiple of `G`, `B` not a multiple of `parts`, an order that
         is not a permutation of the `B` groups, rows of a group with different prompts, a
         completion target on padding, a completion without a prompt token before it, or a
-        group longer than `length`.
+        completion longer than `width`.
 
     Examples:
       >>> b = SequenceBatch(np.array([[0, 3, 1, 0], [0, 3, 2, 2], [5, 6, 1, 0], [5, 6, 0, 0]]),
       ...                   np.array([[0, 1, 1, 0], [0, 1, 1, 1], [1, 1, 1, 0], [1, 1, 0, 0]]),
       ...                   np.array([[1.0, 0.0], [1.0, 1.0], [1.0, 0.0], [0.0, 0.0]]))
-      >>> p = pack_groups(b, 2, length=8)  # both groups in one row
-      >>> p.tokens.tolist(), p.roles.tolist()
-      ([[3, 1, 2, 2, 5, 6, 1, 0]], [[0, 1, 2, 2, 0, 0, 1, 0]])
-      >>> p.segment_ids.tolist(), p.slots.tolist()
-      ([[1, 1, 1, 1, 2, 2, 2, 0]], [[0, 0], [0, 2], [5, 0], [0, 0]])
-      >>> p = pack_groups(b, 2, parts=2, orders=[[0, 1], [1, 0]], length=8)
-      >>> p.tokens[:, :, :4].tolist()  # epoch 1: group 1 first, so in micro-batch 0's row
-      [[[3, 1, 2, 2], [5, 6, 1, 0]], [[5, 6, 1, 0], [3, 1, 2, 2]]]
-      >>> p.row.tolist(), p.batch_row.tolist()
-      ([[0, 0, 0, 0], [0, 0, 0, 0]], [[0, 0, 1, 1], [1, 1, 0, 0]])
+      >>> p = pack_groups(b, 2, width=3)  # group 0: 1 | 2 2; group 1: 1 (its second is empty)
+      >>> p.prompt_tokens.tolist(), p.tokens.tolist(), p.prompt_row.tolist()
+      ([[0, 3], [5, 6]], [[1, 2, 2], [1, 0, 0]], [0, 1])
+      >>> p.row.tolist(), p.slots.tolist()
+      ([0, 0, 1, 0], [[0, 0], [0, 1], [0, 0], [0, 0]])
+      >>> p = pack_groups(b, 2, parts=2, orders=[[0, 1], [1, 0]], width=3)
+      >>> p.prompt_tokens[1].tolist()  # epoch 1: group 1 first, so micro-batch 0's prompt
+      [[5, 6], [0, 3]]
+      >>> p.batch_prompt_row.tolist(), p.prompt_row.tolist()
+      ([[0, 1], [0, 1]], [[0, 0], [0, 0]])
     """
     where = "pack_groups"
     G = _positive_int(where, "group_size", group_size)
@@ -161,20 +182,25 @@ def pack_groups(
     B = N // G
     if B % parts:
         raise ValueError(f"{where}: {B} groups do not split into `parts` = {parts} micro-batches.")
-    P = prompt_length(batch)
     T = np.asarray(batch.completion_mask).shape[1]
-    length = P + G * T if length is None else _positive_int(where, "length", length)
-    prompts, completions = _real_tokens(batch, G, where)
-    sizes = [len(prompts[b]) + sum(len(c) for c in completions[b]) for b in range(B)]
+    W = T if width is None else _positive_int(where, "width", width)
+    _, completions = _real_tokens(batch, G, where)  # (checks each group's prompt)
+    lengths = [[len(c) for c in group] for group in completions]
+    if max((n for group in lengths for n in group), default=0) > W:
+        raise ValueError(
+            f"{where}: a completion of {max(max(g) for g in lengths)} tokens does not fit in "
+            f"`width` = {W} slots."
+        )
     layouts = [np.arange(B)] if orders is None else _checked_orders(orders, B, where)
-    bins = [_micro_batch_bins(order, sizes, parts, length, where) for order in layouts]
-    needed = max(len(part) for layout in bins for part in layout)
-    most = B // parts  # a group per row always fits
+    rows = [_micro_batch_rows(order, lengths, parts, W) for order in layouts]
+    needed = max(1, max(len(part) for layout in rows for part in layout))
+    most = N // parts  # a completion per row always fits
     step = max(1, -(-most // 8)) if row_step is None else _positive_int(where, "row_step", row_step)
     rows_per_part = max(needed, min(-(-needed // step) * step, most))
+    prompt = _prompt_rows(batch, G)
     packed = [
-        _lay_out(layout, rows_per_part, prompts, completions, (G, T, length, tokens.dtype, pad_id))
-        for layout in bins
+        _lay_out(order, layout, rows_per_part, prompt, completions, (G, T, W, pad_id))
+        for order, layout in zip(layouts, rows, strict=True)
     ]
     if orders is None:
         return packed[0]
@@ -191,50 +217,81 @@ def _checked_orders(orders: Any, B: int, where: str) -> list[np.ndarray]:
     return list(orders)
 
 
-def _micro_batch_bins(
-    order: np.ndarray, sizes: list[int], parts: int, length: int, where: str
-) -> list[list[list[int]]]:
-    """Per micro-batch `j` (the groups at positions `≡ j (mod parts)` of `order`): the groups
-    of each of its rows (best-fit decreasing)."""
+def _micro_batch_rows(
+    order: np.ndarray, lengths: list[list[int]], parts: int, width: int
+) -> list[list[tuple[int, list[int]]]]:
+    """Per micro-batch `j` (the groups at positions `≡ j (mod parts)` of `order`): its
+    completion rows, each `(group, [completions])` (best-fit decreasing within a group)."""
     out = []
     for j in range(parts):
-        members = [int(b) for b in order[j::parts]]
-        try:
-            part_bins = best_fit_decreasing([sizes[b] for b in members], length)
-        except ValueError as err:
-            raise ValueError(f"{where}: `length` {length}: {err}") from None
-        out.append([[members[i] for i in row] for row in part_bins])
+        part = []
+        for b in (int(b) for b in order[j::parts]):
+            placed = [k for k in range(len(lengths[b])) if lengths[b][k]]
+            bins = best_fit_decreasing([lengths[b][k] for k in placed], width) if placed else []
+            part.extend((b, [placed[i] for i in row]) for row in bins)
+        out.append(part)
     return out
 
 
+def _prompt_rows(batch: SequenceBatch, G: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each group's left-padded prompt `[B, P]`: tokens, rotary positions, real-token mask."""
+    P = prompt_length(batch)
+    tokens = np.asarray(batch.tokens)[::G, :P]
+    mask = (np.asarray(batch.attention_mask)[::G, :P] > 0).astype(np.int32)
+    positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0).astype(np.int32)
+    return tokens, positions, mask
+
+
 def _lay_out(
-    bins: list[list[list[int]]],
+    order: np.ndarray,
+    rows: list[list[tuple[int, list[int]]]],
     rows_per_part: int,
-    prompts: list[np.ndarray],
+    prompt: tuple[np.ndarray, np.ndarray, np.ndarray],
     completions: list[list[np.ndarray]],
-    shape: tuple[int, int, int, Any, int],
+    shape: tuple[int, int, int, int],
 ) -> PackedGroups:
-    """One packing: micro-batch `j`'s `b`-th row is row `b·parts + j` (the update's split)."""
-    G, T, length, dtype, pad_id = shape
-    parts, N = len(bins), len(prompts) * G
-    R = parts * rows_per_part
+    """One packing: micro-batch `j`'s `b`-th group is prompt row `b·parts + j`, its `c`-th
+    completion row is row `c·parts + j` (the update's split)."""
+    G, T, W, pad_id = shape
+    parts = len(rows)
+    B, N, R = len(completions), len(completions) * G, parts * rows_per_part
+    order = np.asarray(order)
+    prompt_tokens, prompt_positions, prompt_mask = prompt
+    # the group at position u of the order is micro-batch (u mod parts)'s (u div parts)-th:
+    # prompt row (u div parts)·parts + (u mod parts) = u
+    where_prompt = np.argsort(order).astype(np.int32)  # group → its prompt row (whole batch)
     out = {
-        "tokens": np.full((R, length), pad_id, dtype),
-        **{k: np.zeros((R, length), np.int32) for k in ("positions", "segment_ids", "roles")},
+        "prompt_tokens": prompt_tokens[order],
+        "prompt_positions": prompt_positions[order],
+        "prompt_mask": prompt_mask[order],
+        "tokens": np.full((R, W), pad_id, prompt_tokens.dtype),
+        "positions": np.zeros((R, W), np.int32),
+        "roles": np.zeros((R, W), np.int32),
+        "prompt_row": np.zeros(R, np.int32),
+        "batch_prompt_row": np.zeros(R, np.int32),
+        "row": np.zeros(N, np.int32),
+        "batch_row": np.zeros(N, np.int32),
+        "slots": np.zeros((N, T), np.int32),
     }
-    row, batch_row = np.zeros(N, np.int32), np.zeros(N, np.int32)
-    slots = np.zeros((N, T), np.int32)
-    ends = np.zeros(G, np.int32)  # (a reward model's read-out; unused here)
-    for j, part_bins in enumerate(bins):
-        for b, members in enumerate(part_bins):
-            r, start = b * parts + j, 0
-            for segment, group in enumerate(members, start=1):
-                rows = slice(group * G, (group + 1) * G)
-                row[rows], batch_row[rows] = b, r
-                start = _place(
-                    out, r, start, segment, prompts[group], completions[group], slots[rows], ends
-                )
-    return PackedGroups(row=row, slots=slots, batch_row=batch_row, **out)
+    for j, part in enumerate(rows):
+        for c, (b, members) in enumerate(part):
+            r, start, p = c * parts + j, 0, int(prompt_mask[b].sum())
+            out["prompt_row"][r] = where_prompt[b] // parts
+            out["batch_prompt_row"][r] = where_prompt[b]
+            for role, k in enumerate(members, start=1):
+                n, seq = b * G + k, completions[b][k]
+                end = start + len(seq)
+                out["tokens"][r, start:end] = seq
+                out["positions"][r, start:end] = p + np.arange(len(seq))
+                out["roles"][r, start:end] = role
+                out["row"][n], out["batch_row"][n] = c, r
+                out["slots"][n, 1 : len(seq)] = start + np.arange(len(seq) - 1)
+                start = end
+    for b in range(B):  # empty completions: any row of the micro-batch (never read)
+        for k in range(G):
+            if not len(completions[b][k]):
+                out["batch_row"][b * G + k] = where_prompt[b] % parts
+    return PackedGroups(**out)
 
 
 def _real_tokens(
@@ -287,12 +344,12 @@ def packed_completion_logprobs(
       chunk_size: positions per vocabulary chunk.
       with_entropy: also compute the entropy.
       in_micro_batch: `batch` and `packed` are one of the update step's micro-batches: the
-        sequences' rows are `row` (else `batch_row`, rows of the whole batch).
+        rows are `row` and `prompt_row` (else `batch_row`, `batch_prompt_row`).
 
     Examples:
       >>> class Model:  # a Decoder in practice; here h = token
-      ...     def hidden_states(self, tokens, positions, segment_ids, segment_roles):
-      ...         return jax.nn.one_hot(tokens, 4)
+      ...     def prompt_indexed_hidden_states(self, pt, pp, pm, tokens, positions, roles, index):
+      ...         return jax.nn.one_hot(pt, 4), jax.nn.one_hot(tokens, 4)
       ...     def logits(self, h):  # favours "next token = this token + 1"
       ...         return 5.0 * jnp.roll(h, 1, axis=-1)
       >>> b = SequenceBatch(jnp.array([[1, 2, 3], [1, 2, 0]]), jnp.array([[1, 1, 1], [1, 1, 0]]),
@@ -321,32 +378,40 @@ def packed_completion_hidden(
     model: Any, packed: PackedGroups, *, in_micro_batch: bool = False
 ) -> jax.Array:
     """The final-normed states `[N, T, D]` that predict the padded batch's completion tokens
-    (`logprobs.completion_hidden` of the padded rows), from one forward of the packed rows:
-    what a value head reads.
+    (`logprobs.completion_hidden` of the padded rows), from one forward of the packed groups
+    (`Decoder.prompt_indexed_hidden_states`): what a value head reads.
 
     Args:
       model: a `Decoder` (a policy, or a `ValueModel`'s backbone).
       packed: the batch's `PackedGroups`, or one micro-batch's.
-      in_micro_batch: `packed` is one of the update step's micro-batches: the sequences' rows
-        are `row` (else `batch_row`).
+      in_micro_batch: `packed` is one of the update step's micro-batches: the rows are `row`
+        and `prompt_row` (else `batch_row`, `batch_prompt_row`).
 
     Examples:
       >>> class Model:  # a Decoder in practice; here h = position
-      ...     def hidden_states(self, tokens, positions, segment_ids, segment_roles):
-      ...         return positions[..., None].astype(jnp.float32)
+      ...     def prompt_indexed_hidden_states(self, pt, pp, pm, tokens, positions, roles, index):
+      ...         return pp[..., None].astype(jnp.float32), positions[..., None].astype(jnp.float32)
       >>> b = SequenceBatch(np.array([[1, 2, 3], [1, 2, 0]]), np.array([[1, 1, 1], [1, 1, 0]]),
       ...                   np.array([[1.0, 1.0], [1.0, 0.0]]))
       >>> packed_completion_hidden(Model(), pack_groups(b, 2))[..., 0].tolist()
-      [[0.0, 1.0], [0.0, 0.0]]
+      [[0.0, 1.0], [0.0, 1.0]]
     """
-    hidden = model.hidden_states(
+    rows = jnp.asarray(packed.row if in_micro_batch else packed.batch_row)
+    prompt_row = jnp.asarray(packed.prompt_row if in_micro_batch else packed.batch_prompt_row)
+    x_p, x_c = model.prompt_indexed_hidden_states(
+        jnp.asarray(packed.prompt_tokens),
+        jnp.asarray(packed.prompt_positions),
+        jnp.asarray(packed.prompt_mask),
         jnp.asarray(packed.tokens),
         jnp.asarray(packed.positions),
-        segment_ids=jnp.asarray(packed.segment_ids),
-        segment_roles=jnp.asarray(packed.roles),
+        jnp.asarray(packed.roles),
+        prompt_row,
     )
-    rows = packed.row if in_micro_batch else packed.batch_row
-    return hidden[jnp.asarray(rows)[:, None], jnp.asarray(packed.slots)]
+    slots = jnp.asarray(packed.slots)
+    later = x_c[rows[:, None], slots]  # [N, T, D]: token t ≥ 1 from its predecessor
+    first = x_p[prompt_row[rows], -1]  # [N, D]: token 0 from the prompt's last state
+    is_first = (jnp.arange(slots.shape[-1]) == 0)[None, :, None]
+    return jnp.where(is_first, first[:, None], later)
 
 
 def check_packed_groups(packed: PackedGroups, N: int, T: int, *, where: str) -> None:
@@ -356,7 +421,7 @@ def check_packed_groups(packed: PackedGroups, N: int, T: int, *, where: str) -> 
 
     Examples:
       >>> z = np.zeros(2, int)
-      >>> p = PackedGroups(*([np.zeros((1, 4))] * 4), z, np.zeros((2, 3), int), z)
+      >>> p = PackedGroups(*([np.zeros((1, 4))] * 8), z, z, np.zeros((2, 3), int))
       >>> check_packed_groups(p, 2, 5, where="demo")
       Traceback (most recent call last):
       ...
@@ -371,3 +436,17 @@ def check_packed_groups(packed: PackedGroups, N: int, T: int, *, where: str) -> 
             f"[N, T] = [{N}, {T}] (pack_groups of this batch; an epoch axis first, if any), "
             f"got {packed.row.shape}, {packed.batch_row.shape} and {packed.slots.shape}."
         )
+
+
+def group_packing_fill(packed: PackedGroups) -> float:
+    """The share of the packed slots (`B·P` prompt and `R·W` completion slots) that hold a
+    token (host; for metrics).
+
+    Examples:
+      >>> b = SequenceBatch(np.array([[0, 4, 5, 0], [0, 4, 6, 7]]),
+      ...                   np.array([[0, 1, 1, 0], [0, 1, 1, 1]]), np.array([[1, 0], [1, 1]]))
+      >>> group_packing_fill(pack_groups(b, 2))  # prompt 1 of 2, completions 3 of 2 rows × 2
+      0.6666666666666666
+    """
+    prompt, roles = np.asarray(packed.prompt_mask), np.asarray(packed.roles)
+    return float((np.sum(prompt > 0) + np.sum(roles > 0)) / (prompt.size + roles.size))

@@ -59,9 +59,9 @@ place of "row": minibatch `m` holds the units `≡ m (mod M)`, a shuffle permute
 `N` (per device, `n`) must be a multiple of `u·M·k`. With `u = 1` nothing changes.
 
 Packed groups (`RLBatch.packed`, `jaxrl_llm.train.pack_groups`): the sequence leaves of the
-packing (`row`, `slots`, `batch_row`) are ordered and split as the batch's rows, its row
-leaves `[R, L]` split in strided rows (micro-batch `j` takes the packed rows `≡ j (mod M·k)`,
-where `pack_groups(parts=M·k)` put its groups). With several micro-batches they must hold
+packing (`row`, `batch_row`, `slots`) are ordered and split as the batch's rows, its prompt
+rows `[B, P]` and completion rows `[R, W]` in strided rows (micro-batch `j` takes the rows
+`≡ j (mod M·k)`, where `pack_groups(parts=M·k)` put its groups). With several micro-batches they must hold
 whole groups (a unit of `G` rows: `minibatch_unit: prompt`); a shuffled update takes one
 packing per epoch, laid out in the group orders `update_unit_orders` draws from `state.key`
 as the step does.
@@ -80,7 +80,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import losses
 from jaxrl_llm.train.batch import Normalizers
-from jaxrl_llm.train.group_packing import PackedGroups
+from jaxrl_llm.train.group_packing import SEQUENCE_LEAVES, PackedGroups
 from jaxrl_llm.train.metrics import MicroStats, micro_batch_stats, reduce_stats
 from jaxrl_llm.train.objectives import Objective
 from jaxrl_llm.train.optim import has_learning_rate, learning_rate
@@ -191,12 +191,13 @@ def _split_packed(
 ) -> PackedGroups:
     """`PackedGroups` → `[M·k, ...]` micro-batches (module docstring): the sequence leaves
     ordered and split as the batch's rows, the packed rows strided."""
-    rows = (packed.tokens, packed.positions, packed.segment_ids, packed.roles)
-    seqs = (packed.row, packed.slots, packed.batch_row)
+    leaves = packed._asdict()
+    seqs = {name: leaves.pop(name) for name in SEQUENCE_LEAVES}
     if order is not None:
         seqs = jax.tree.map(lambda x: _take_rows(x, _unit_rows(order, unit)), seqs)
-    rows = _micro_batches(rows, minibatches, k)
-    return PackedGroups(*rows, *_micro_batches(seqs, minibatches, k, unit))
+    return PackedGroups(
+        **_micro_batches(leaves, minibatches, k), **_micro_batches(seqs, minibatches, k, unit)
+    )
 
 
 def _check_packed(packed: PackedGroups, shuffled: bool, epochs: int, parts: int, unit: int):
@@ -219,9 +220,10 @@ def _check_packed(packed: PackedGroups, shuffled: bool, epochs: int, parts: int,
             f"{where}: a {'shuffled' if shuffled else 'fixed-order'} update takes {need}, got "
             f"`packed.row` of shape {packed.row.shape}."
         )
-    if packed.tokens.shape[-2] % parts:
+    if packed.tokens.shape[-2] % parts or packed.prompt_tokens.shape[-2] % parts:
         raise ValueError(
-            f"{where}: {packed.tokens.shape[-2]} packed rows do not split into {parts} "
+            f"{where}: {packed.prompt_tokens.shape[-2]} prompt rows and "
+            f"{packed.tokens.shape[-2]} completion rows do not split into {parts} "
             "micro-batches (pack_groups(parts=minibatches × accumulation_steps))."
         )
 

@@ -67,8 +67,8 @@ def test_a_batch_with_little_padding_stays_padded(tmp_path):
 def test_packing_is_logged(tmp_path):
     metrics = _first_step(tmp_path)
     assert metrics["perf/completion_width"] < 32 and 0 < metrics["perf/packing_fill"] <= 1
-    # rows of P + 2·W slots: the 4 groups' short completions share rows
-    assert 1 <= metrics["perf/packed_rows"] < 4
+    # completion rows of W slots: the short completions of a group share rows
+    assert 4 <= metrics["perf/packed_rows"] < 8  # at least a row per group, fewer than N
 
 
 @pytest.mark.parametrize(

@@ -67,38 +67,45 @@ def _packed(batch, **kw):
 
 
 def test_layout_matches_a_hand_built_oracle():
-    """Two groups of 2: real lengths 1 + 1 + 2 and 2 + 1 + 0, rows of 8 slots: one row, groups
-    in index order; each completion continues its prompt's positions; slots point at the
-    predicting state (the prompt's last for token 0)."""
+    """Two groups of 2: real lengths 1 + (1, 2) and 2 + (1, 0), completion rows of 3 slots:
+    each prompt once, left-padded; group 0's completions share a row, group 1's empty one is
+    not placed; each completion continues its prompt's positions; slots point at the
+    predicting state of tokens t ≥ 1 (token 0 reads the prompt's last state)."""
     b = SequenceBatch(
         np.array([[0, 3, 1, 0], [0, 3, 2, 2], [5, 6, 1, 0], [5, 6, 0, 0]]),
         np.array([[0, 1, 1, 0], [0, 1, 1, 1], [1, 1, 1, 0], [1, 1, 0, 0]]),
         np.array([[1.0, 0.0], [1.0, 1.0], [1.0, 0.0], [0.0, 0.0]]),
     )
-    p = pack_groups(b, 2, length=8, pad_id=9)
-    assert p.tokens.tolist() == [[3, 1, 2, 2, 5, 6, 1, 9]]
-    assert p.positions.tolist() == [[0, 1, 1, 2, 0, 1, 2, 0]]
-    assert p.segment_ids.tolist() == [[1, 1, 1, 1, 2, 2, 2, 0]]
-    assert p.roles.tolist() == [[0, 1, 2, 2, 0, 0, 1, 0]]
-    assert p.row.tolist() == [0, 0, 0, 0]
-    assert p.slots.tolist() == [[0, 0], [0, 2], [5, 0], [0, 0]]
-    # rows of 5 slots: one group per row; the default row step keeps both rows
-    split = pack_groups(b, 2, length=5)
-    assert split.tokens.shape == (2, 5) and split.row.tolist() == [0, 0, 1, 1]
+    p = pack_groups(b, 2, width=3, pad_id=9)
+    assert p.prompt_tokens.tolist() == [[0, 3], [5, 6]]
+    assert p.prompt_positions.tolist() == [[0, 0], [0, 1]]
+    assert p.prompt_mask.tolist() == [[0, 1], [1, 1]]
+    assert p.tokens.tolist() == [[1, 2, 2], [1, 9, 9]]
+    assert p.positions.tolist() == [[1, 1, 2], [2, 0, 0]]
+    assert p.roles.tolist() == [[1, 2, 2], [1, 0, 0]]
+    assert p.prompt_row.tolist() == p.batch_prompt_row.tolist() == [0, 1]
+    assert p.row.tolist()[:3] == p.batch_row.tolist()[:3] == [0, 0, 1]
+    assert p.slots.tolist() == [[0, 0], [0, 1], [0, 0], [0, 0]]
+    # rows of 2 slots: group 0's completions in a row each; the default row step (⌈4 / 8⌉)
+    split = pack_groups(b, 2)
+    assert split.tokens.shape == (3, 2) and split.row.tolist()[:3] == [1, 0, 2]  # longest first
+    # two micro-batches: group 1 (micro-batch 1) in prompt row 1 and completion rows ≡ 1
+    parts = pack_groups(b, 2, parts=2, width=3)
+    assert parts.tokens.shape == (2, 3) and parts.batch_row.tolist()[:3] == [0, 0, 1]
+    assert parts.prompt_row.tolist() == [0, 0] and parts.batch_prompt_row.tolist() == [0, 1]
 
 
 def test_the_row_count_is_rounded_to_few_shapes():
     batch = jax.tree.map(np.asarray, grouped_batch())
-    real = batch.attention_mask.reshape(B, G, P + T)
-    sizes = [int(real[b, 0, :P].sum() + real[b, :, P:].sum()) for b in range(B)]
-    L = max(max(sizes), sum(sorted(sizes)[:2]))  # the two shortest groups share a row
-    bins = len(best_fit_decreasing(sizes, L))
-    assert 1 < bins < B  # the case is not degenerate
-    assert pack_groups(batch, G, length=L, row_step=1).tokens.shape == (bins, L)
-    assert pack_groups(batch, G, length=L, row_step=2).tokens.shape[0] == min(2 * -(-bins // 2), B)
-    assert pack_groups(batch, G, length=L, row_step=8).tokens.shape[0] == B  # at most B rows
-    whole = pack_groups(batch, G)  # rows of P + G·T slots, ⌈B / 8⌉ = 1: the fewest rows
-    assert whole.tokens.shape == (len(best_fit_decreasing(sizes, P + G * T)), P + G * T)
+    lengths = batch.attention_mask[:, P:].sum(axis=1).reshape(B, G)
+    W = 2 * T  # room for two or more completions per row
+    bins = sum(len(best_fit_decreasing([int(c) for c in group], W)) for group in lengths)
+    assert B < bins < B * G  # the case is not degenerate
+    assert pack_groups(batch, G, width=W, row_step=1).tokens.shape == (bins, W)
+    assert pack_groups(batch, G, width=W, row_step=4).tokens.shape[0] == 4 * -(-bins // 4)
+    assert pack_groups(batch, G, width=W, row_step=64).tokens.shape[0] == B * G  # at most N
+    whole = pack_groups(batch, G)  # rows of T slots, row step ⌈N / 8⌉ = 2
+    assert whole.tokens.shape[1] == T and whole.tokens.shape[0] % 2 == 0
 
 
 @pytest.mark.parametrize("family", ["qwen3", "gemma2"])
@@ -108,7 +115,7 @@ def test_logprobs_and_entropies_match_the_padded_forward(family):
     model = tiny_sliding_window_policy() if family == "gemma2" else tiny_policy()
     batch = grouped_batch()
     packed = _packed(batch)
-    assert packed.tokens.shape[1] == P + G * T
+    assert packed.tokens.shape[1] == T and packed.tokens.shape[0] < B * G  # rows shared
     logp, entropy, _ = completion_logprobs(model, batch, with_entropy=True)
     packed_logp, packed_entropy = packed_completion_logprobs(
         model, batch, packed, with_entropy=True
@@ -234,7 +241,7 @@ def test_micro_batches_of_packed_groups_match_the_padded_ones(
     the parameters and metrics of two steps match the padded batch's."""
     alg = dataclasses.replace(preset("grpo"), epochs=epochs, minibatches=minibatches)
     graphs, params, frozen = split_models(tiny_policy())
-    tx = optax.adam(1e-2)
+    tx = optax.sgd(0.5)  # (Adam would turn rounding in near-zero gradients into steps of lr)
     if accumulation > 1:
         tx = optax.MultiSteps(tx, every_k_schedule=accumulation).gradient_transformation()
     objective = rl_objective(alg, graphs, group_size=G)
@@ -256,7 +263,7 @@ def test_micro_batches_of_packed_groups_match_the_padded_ones(
             state, metrics = step(state, _rl_batch(batch, packed))
         results[form] = state.params, metrics
     (params_packed, packed_metrics), (params_padded, metrics) = results["packed"], results["padded"]
-    assert tree_max_abs_diff(params_packed, params_padded) < 5e-5
+    assert tree_max_abs_diff(params_packed, params_padded) < 1e-5
     assert tree_max_abs_diff(params_padded, params) > 1e-3
     for key, value in metrics.items():
         np.testing.assert_allclose(packed_metrics[key], value, rtol=1e-4, atol=2e-6, err_msg=key)
@@ -287,9 +294,9 @@ def test_an_update_refuses_packing_it_cannot_split():
             minibatches=2,
             shuffle=False,
         )
-    with pytest.raises(ValueError, match=r"packed rows do not split into 2 micro-batches"):
-        one_row = pack_groups(host, G, length=4 * (P + G * T))  # packed for one micro-batch
-        run(one_row, whole, minibatches=2, shuffle=False)
+    with pytest.raises(ValueError, match=r"completion rows do not split into 2 micro-batches"):
+        odd = pack_groups(host, G, row_step=1)  # packed for one micro-batch: 11 rows
+        run(odd, whole, minibatches=2, shuffle=False)
 
 
 def test_refusals_name_the_problem():
@@ -305,8 +312,8 @@ def test_refusals_name_the_problem():
     target_on_pad.completion_mask[short, :] = 1.0
     with pytest.raises(ValueError, match="completion has a target on a padding slot"):
         pack_groups(target_on_pad, G)
-    with pytest.raises(ValueError, match="`length` 5"):
-        pack_groups(batch, G, length=5)
+    with pytest.raises(ValueError, match="a completion of 7 tokens does not fit in `width` = 5"):
+        pack_groups(batch, G, width=5)
     wrong = _packed(grouped_batch())._replace(slots=jnp.zeros((B * G, T + 1), jnp.int32))
     rl = _rl_batch(grouped_batch(), wrong)
     with pytest.raises(ValueError, match="`packed` must hold the N = 12 rows"):

@@ -399,16 +399,19 @@ def trim_table(results: pathlib.Path) -> list[str]:
     path = results / "trim_cpu.json"
     if not path.exists():
         return []
-    rows = json.loads(path.read_text())["results"]
+    data = json.loads(path.read_text())
+    rows = data["results"]
     lines = [
         "### Completions cut to the batch's longest, groups packed (`benchmarks/bench_trim.py`)",
         "",
+        *([_machine_line(data["machine"]), ""] if "machine" in data else []),
         "The step-by-step GRPO loop at the full `max_new_tokens` width, with "
         "`train.trim_completions` (the batch's longest completion, bucketed) and with "
-        "`train.pack_groups` too (each prompt once with its completions, several groups per "
-        "row, no padding); a tenth of the byte ids stop a row (rows stop after ≈ 10 tokens); "
-        "the runs' steps alternate in one process. Median seconds per step after the warm-up; "
-        "speed-ups over the workload's first form.",
+        "`train.pack_groups` too (each prompt once, its completions back to back in shared "
+        "rows that read it); a tenth of the byte ids stop a row (rows stop after ≈ 10 "
+        "tokens); with 2 minibatches, shuffled minibatches of whole prompts; the runs' steps "
+        "alternate in one process. Median seconds per step after the warm-up; speed-ups over "
+        "the workload's first form.",
         "",
         "| workload | form | widths | step s | sample s | forwards s | update s | "
         "step speed-up | update speed-up |",
@@ -498,7 +501,10 @@ def _machine(grpo_dir: pathlib.Path) -> str:
     path = grpo_dir / "machine.json"
     if not path.exists():
         return ""
-    m = json.loads(path.read_text())
+    return _machine_line(json.loads(path.read_text()))
+
+
+def _machine_line(m: dict) -> str:
     return f"Machine: {m.get('cpu', '?')}, {m.get('cpu_count')} cores, {m.get('platform')}."
 
 

@@ -52,13 +52,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrl_llm.models import positions_from_mask
 from jaxrl_llm.train.batch import SequenceBatch, prompt_length
 from jaxrl_llm.train.packing import best_fit_decreasing
 from jaxrl_llm.train.pair_packing import _checked_completion, _positive_int
 
-PROMPT_LEAVES = ("prompt_tokens", "prompt_positions", "prompt_mask")
-ROW_LEAVES = ("tokens", "positions", "roles", "prompt_row", "batch_prompt_row")
-SEQUENCE_LEAVES = ("row", "batch_row", "slots")
+SEQUENCE_LEAVES = ("row", "batch_row", "slots")  # split as the batch's rows (train.update)
 
 
 class PackedGroups(NamedTuple):
@@ -238,8 +237,7 @@ def _prompt_rows(batch: SequenceBatch, G: int) -> tuple[np.ndarray, np.ndarray, 
     P = prompt_length(batch)
     tokens = np.asarray(batch.tokens)[::G, :P]
     mask = (np.asarray(batch.attention_mask)[::G, :P] > 0).astype(np.int32)
-    positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0).astype(np.int32)
-    return tokens, positions, mask
+    return tokens, np.asarray(positions_from_mask(mask), np.int32), mask
 
 
 def _lay_out(

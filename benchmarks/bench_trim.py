@@ -41,14 +41,23 @@ KEYS = ("time/step_s", "time/sample_s", "time/forward_s", "time/update_s", "perf
 FORMS = {"full": (False, False), "trimmed": (True, False), "packed": (True, True)}
 
 
-def _prepare(w: Workload, trim: bool, pack: bool, run_dir: str, minibatches: int = 1):
+def _prepare(
+    w: Workload,
+    trim: bool,
+    pack: bool,
+    run_dir: str,
+    minibatches: int = 1,
+    *,
+    stop_every: int = STOP_EVERY,
+    row_groups: int | None = None,
+):
     from jaxrl_llm.runner import prepare_run
 
     config = run_config(w, run_dir, None, None)
-    stops = tuple(range(0, 256, STOP_EVERY))
+    stops = tuple(range(0, 256, stop_every))
     config = dataclasses.replace(
         config,
-        sampling=dataclasses.replace(config.sampling, stop_tokens=stops),
+        sampling=dataclasses.replace(config.sampling, stop_tokens=stops, row_groups=row_groups),
         train=dataclasses.replace(config.train, trim_completions=trim, pack_groups=pack),
         algorithm=dataclasses.replace(
             config.algorithm,

@@ -435,6 +435,40 @@ def trim_table(results: pathlib.Path) -> list[str]:
     return lines
 
 
+def pack_forms_table(results: pathlib.Path) -> list[str]:
+    path = results / "pack_forms_cpu.json"
+    if not path.exists():
+        return []
+    data = json.loads(path.read_text())
+    lines = [
+        "### One batch padded and packed (`benchmarks/bench_pack_forms.py`)",
+        "",
+        *([_machine_line(data["machine"]), ""] if "machine" in data else []),
+        "The update step and the policy's log-prob forward of one captured GRPO batch (cut to "
+        "its longest completion), the forms' calls alternating on the same batch and state: "
+        "padded (in the CPU's row groups), packed as one call, and packed in as many parts as "
+        "row groups (what the loop runs). Median seconds; speed-ups over the padded form.",
+        "",
+        "| workload | width | padding | padded update / forward s | packed, one call | "
+        "packed, in row groups | update speed-up (one call, row groups) | "
+        "forward speed-up (one call, row groups) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in data["results"]:
+        forms = " | ".join(
+            f"{_fmt(r[f]['update'])} / {_fmt(r[f]['forward'])}"
+            for f in ("padded", "packed_one_call", "packed")
+        )
+        speedups = " | ".join(
+            f"{r[f'speedup_packed_one_call_{phase}']:.2f}×, {r[f'speedup_packed_{phase}']:.2f}×"
+            for phase in ("update", "forward")
+        )
+        lines.append(
+            f"| {r['workload']} | {r['width']} | {r['padding_share']:.0%} | {forms} | {speedups} |"
+        )
+    return lines
+
+
 def _gpu_decode_row(d: dict) -> str:
     shape = ", ".join(
         f"{k} {d[k]}"
@@ -540,6 +574,7 @@ def write_report(results: pathlib.Path, command: str) -> pathlib.Path:
         attention_table(results),
         preference_table(results),
         trim_table(results),
+        pack_forms_table(results),
         gpu_table(results),
     ]
     text = "\n\n".join("\n".join(s) for s in sections if s) + "\n"

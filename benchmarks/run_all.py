@@ -5,7 +5,7 @@
 
 Options: `--peers-python PYTHON` (default `$PEERS_PYTHON`, else `/tmp/peers-venv/bin/python`
 when it exists; without it the peers are skipped with a message), `--force` (re-measure
-results that exist), `--skip losses sampler attention preference trim grpo`.
+results that exist), `--skip losses sampler attention preference trim pack_forms grpo`.
 
 Runs, in this order, each in its own processes:
 
@@ -14,6 +14,8 @@ Runs, in this order, each in its own processes:
     attention benchmarks.bench_attention -> RESULTS/attention_cpu.json (whole vs query blocks)
     preference benchmarks.bench_preference -> RESULTS/preference_cpu.json (DPO, shared prompt)
     trim      benchmarks.bench_trim     -> RESULTS/trim_cpu.json (completions cut to the longest)
+    pack_forms benchmarks.bench_pack_forms -> RESULTS/pack_forms_cpu.json (one batch, padded
+                                           and packed)
     grpo      benchmarks.bench_grpo     -> RESULTS/grpo/*.json (matmul peak, ours, peers,
                                            scaling)
     report    benchmarks.report         -> RESULTS/README.md, RESULTS/scaling.png
@@ -49,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         "--skip",
         nargs="*",
         default=[],
-        choices=["losses", "sampler", "attention", "preference", "trim", "grpo"],
+        choices=["losses", "sampler", "attention", "preference", "trim", "pack_forms", "grpo"],
         help="parts",
     )
     args = parser.parse_args(argv)
@@ -66,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
             sampler += ["--only", "tiny", "--repeat", "3"]
         if _run(sampler, bench_grpo.hugepage_env()):  # as `jaxrl-llm` runs itself
             failures.append("sampler")
-    for part in ("attention", "preference", "trim"):  # one in-process benchmark each
+    for part in ("attention", "preference", "trim", "pack_forms"):  # in-process, one each
         if part in args.skip:
             continue
         command = [py, "-m", f"benchmarks.bench_{part}", "--out", str(results / f"{part}_cpu.json")]

@@ -3,10 +3,10 @@
 A smoke test of `benchmarks/grpo_worker.py` as `bench_grpo` starts it (a subprocess printing
 one `RESULT` line; the step-by-step loop): it builds on the runner's internals (the update
 step, the log-prob forward), so a change there must not leave `make bench` broken; and of
-`benchmarks/bench_attention.py`'s, `benchmarks/bench_preference.py`'s and
-`benchmarks/bench_trim.py`'s measurements and their report tables; and of the GPU benchmark's
-roofline and MFU arithmetic and its report table (the benchmark itself needs a GPU to mean
-anything). Nothing here is timed or compared.
+`benchmarks/bench_attention.py`'s, `benchmarks/bench_preference.py`'s,
+`benchmarks/bench_trim.py`'s and `benchmarks/bench_pack_forms.py`'s measurements and their
+report tables; and of the GPU benchmark's roofline and MFU arithmetic and its report table
+(the benchmark itself needs a GPU to mean anything). Nothing here is timed or compared.
 """
 
 from __future__ import annotations
@@ -82,3 +82,20 @@ def test_the_trim_benchmark_cuts_and_packs_the_completions(tmp_path):
     table = report.trim_table(tmp_path)
     assert table[0].startswith("### Completions cut") and len(table) == 9
     assert table[-1].startswith("| tiny__2x2x64 | packed |")
+
+
+def test_the_pack_forms_benchmark_times_three_forms_on_one_batch(tmp_path):
+    from benchmarks import bench_pack_forms, report
+    from benchmarks.workloads import Workload
+
+    row = bench_pack_forms.measure(
+        10, 64, repeat=1, workload=Workload("tiny", 2, 2, 64), row_groups=2
+    )
+    assert row["row_groups"] == 2 and row["width"] < 64 and 0 < row["padding_share"] < 1
+    assert row["completion_rows"]["parts"] >= row["completion_rows"]["one_call"] >= 1
+    for form in ("padded", "packed_one_call", "packed"):
+        assert row[form]["update"] > 0 and row[form]["forward"] > 0
+    (tmp_path / "pack_forms_cpu.json").write_text(json.dumps({"results": [row]}))
+    table = report.pack_forms_table(tmp_path)
+    assert table[0].startswith("### One batch padded and packed") and len(table) == 7
+    assert table[-1].startswith("| tiny__2x2x64, stop every 10 |")

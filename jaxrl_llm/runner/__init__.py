@@ -10,7 +10,8 @@
 - `scoring`, `rollout`: rewards (in-graph or host, overlong punishment, GDPO combination) and
   the rollout batch of a step (with DAPO's dynamic-sampling refills).
 - `completion_width`: the rollout batch cut to its longest completion (`train.trim_completions`).
-- `packed_groups`: its groups packed without padding (`train.pack_groups`), `StepPacking`.
+- `packed_groups`: its groups packed without padding (`train.pack_groups`), `StepPacking`,
+  `packed_forward` (the forwards of the packed rows, in the update's row groups).
 - `evaluate`, `eval_run`: greedy and temperature-1 accuracy, pass@k; `jaxrl-llm eval`.
 - `warm_start`: SFT before RL, cached in the run directory.
 - `preference`: offline preference runs (DPO, RPO, SimPO, CPO, ORPO, KTO) in the same loop.
@@ -79,6 +80,7 @@ from jaxrl_llm.runner.overrides import (
 )
 from jaxrl_llm.runner.packed_groups import (
     StepPacking,
+    packed_forward,
     packed_groups,
     packing_metrics,
     padding_share,
@@ -198,6 +200,7 @@ __all__ = [
     "make_iteration",
     "nll_program",
     "nonfinite_terms",
+    "packed_forward",
     "packed_groups",
     "packed_sft_batch",
     "packing_metrics",

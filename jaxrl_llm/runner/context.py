@@ -33,9 +33,9 @@ class RunContext(NamedTuple):
         `reference_policy`).
       update: the compiled update step.
       run_dir: the run directory.
-      packed_update: the update step without row groups, for the steps whose groups run
-        packed (`train.pack_groups`) when `update` computes its gradient in row groups; None
-        where `update` serves both.
+      update_row_groups: the row groups `update` computes its gradient in
+        (`jaxrl_llm.train.row_groups`; 1: one call); a step whose groups run packed
+        (`train.pack_groups`) packs them in as many parts.
       preference_examples: the tokenized preference examples (`preference:` runs), else None.
       preference_eval_examples: the held-out preference examples scored at each evaluation
         (whole batches; `preference:` runs), else None.
@@ -58,7 +58,7 @@ class RunContext(NamedTuple):
     reference: Any
     update: Callable[..., Any]
     run_dir: pathlib.Path
-    packed_update: Callable[..., Any] | None = None
+    update_row_groups: int = 1
     preference_examples: list[Any] | None = None
     preference_eval_examples: list[Any] | None = None
     reference_logprobs: dict[str, Any] | None = None

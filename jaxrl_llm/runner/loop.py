@@ -67,7 +67,7 @@ from jaxrl_llm.runner.health import (
     nonfinite_terms,
 )
 from jaxrl_llm.runner.models import export_policy
-from jaxrl_llm.runner.packed_groups import packed_groups, packing_metrics
+from jaxrl_llm.runner.packed_groups import packed_forward, packed_groups, packing_metrics
 from jaxrl_llm.runner.preference import _preference_step, evaluate_preference
 from jaxrl_llm.runner.programs import (
     advantage_program,
@@ -128,8 +128,8 @@ def _rl_step(
     with jax.set_mesh(ctx.mesh):
 
         def forward(params: Any) -> Any:
-            if packed is not None:  # one forward of the packed rows
-                return logprob(params, policy_frozen, PackedSequences(seqs, packed))
+            if packing is not None:  # the packed rows, in the update's row groups
+                return packed_forward(logprob, params, policy_frozen, seqs, packing)
             return forward_in_row_groups(ctx, logprob, params, policy_frozen, seqs)
 
         old = None
@@ -171,8 +171,7 @@ def _rl_step(
             batch = batch._replace(ref_logp=ref)
         adv_metrics = _host(adv_metrics)
         update_start = time.perf_counter()
-        update = ctx.update if packed is None or ctx.packed_update is None else ctx.packed_update
-        state, metrics = update(
+        state, metrics = ctx.update(
             state, batch._replace(packed=None if packing is None else packing.update)
         )
         metrics = _host(metrics)
@@ -186,7 +185,11 @@ def _rl_step(
             "time/update_s": done - update_start,
             "time/step_s": done - started,
             "perf/completion_width": float(width),
-            **({} if packed is None else packing_metrics(packed)),
+            **(
+                {}
+                if packing is None
+                else packing_metrics(packed, max(1, len(packing.forward_parts)))
+            ),
             "perf/tokens_per_sec": tokens / max(done - started, 1e-9),
         }
     )

@@ -2,9 +2,10 @@
 
 A step packs only when padding makes up at least `train.pack_min_padding` (0.2) of the
 slots of the padded forward (`padding_share`): on the small model at 8 × 8 × 64 a batch of
-full-length completions ran 9 % slower packed (the padded forwards and update run in row
-groups, one host thread each, the packed ones in one call), one with 32 % padding 1.23×
-faster, one with 53 % 1.64× faster.
+full-length completions ran 9 % slower packed as one call, one with 32 % padding 1.23×
+faster, one with 53 % 1.64× faster; packed in the row groups' parts (below), one batch with
+22 % padding ran its update 1.18× and its forward 1.16× faster than padded
+(`benchmarks/bench_pack_forms.py`).
 
 On one device, after the batch is cut to its longest completion (`runner.completion_width`),
 the loop packs each group — its prompt once, its `G` completions back to back in completion
@@ -14,6 +15,12 @@ the old-policy, reference and critic forwards (`PackedSequences`) and the update
 losses and gradients up to float rounding. Each micro-batch's completion-row count is
 rounded up to a multiple of `⌈N / (8·parts)⌉`, so a run compiles at most 8 row counts per
 width.
+
+Where the update computes its gradient in row groups, one host thread each
+(`RunContext.update_row_groups`, `jaxrl_llm.train.row_groups`), the groups are packed in as
+many parts (`pack_groups(parts=)`), and the update and the old-policy and reference forwards
+run each part from its own thread (`packing_part`): the CPU's cores share the packed rows as
+they share the padded ones.
 
 An update of several minibatches or accumulation steps (`parts` micro-batches of whole groups,
 `algorithm.minibatch_unit: prompt`) gets each micro-batch's groups in its own rows; a
@@ -27,17 +34,22 @@ loop runs the padded rows.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
 
 from jaxrl_llm.runner.context import RunContext
+from jaxrl_llm.sampler.row_groups import map_in_threads
 from jaxrl_llm.train import (
     PackedGroups,
+    PackedSequences,
     SequenceBatch,
     group_packing_fill,
+    group_rows_part,
+    join_group_parts,
     pack_groups,
+    packing_part,
     update_unit_orders,
 )
 from sharding import fetch_global
@@ -45,15 +57,18 @@ from sharding import fetch_global
 
 class StepPacking(NamedTuple):
     """A step's packed groups: `forward` for the forwards of the whole batch before the
-    update, `update` for the update (one packing per epoch when it shuffles; else the same).
+    update, `update` for the update (one packing per epoch when it shuffles; else the same),
+    and, packed for the update's row groups, each part's padded rows with its packing
+    (`packing_part`: what `packed_forward` runs, one thread each; else empty).
 
     Examples:
       >>> StepPacking(None, None)._fields
-      ('forward', 'update')
+      ('forward', 'update', 'forward_parts')
     """
 
     forward: PackedGroups
     update: PackedGroups
+    forward_parts: tuple[PackedSequences, ...] = ()
 
 
 def packed_groups(ctx: RunContext, sequences: SequenceBatch, key: jax.Array) -> StepPacking | None:
@@ -85,11 +100,51 @@ def packed_groups(ctx: RunContext, sequences: SequenceBatch, key: jax.Array) -> 
     orders = None
     if alg.shuffle and alg.minibatches > 1:  # the update's micro-batches hold whole groups
         orders = np.asarray(update_unit_orders(key, epochs=alg.epochs, units=len(host[0]) // G))
-    packed = pack_groups(host, G, parts=parts, orders=orders, pad_id=ctx.tokenizer.pad_id)
-    packed = jax.device_put(packed)
+    row_groups = ctx.update_row_groups if parts == 1 else 1
+    packed = pack_groups(
+        host, G, parts=parts * row_groups, orders=orders, pad_id=ctx.tokenizer.pad_id
+    )
+    forward_parts = ()
+    if row_groups > 1:  # each row group's rows and packing, for the forwards' threads
+        forward_parts = tuple(
+            PackedSequences(
+                jax.tree.map(lambda x, j=j: group_rows_part(x, j, row_groups, G), host),
+                packing_part(packed, j, row_groups),
+            )
+            for j in range(row_groups)
+        )
+    packed, forward_parts = jax.device_put((packed, forward_parts))
     if orders is None:
-        return StepPacking(packed, packed)
+        return StepPacking(packed, packed, forward_parts)
     return StepPacking(jax.tree.map(lambda x: x[0], packed), packed)
+
+
+def packed_forward(
+    fn: Any, params: Any, frozen: Any, sequences: SequenceBatch, packing: StepPacking
+) -> Any:
+    """`fn(params, frozen, PackedSequences(sequences, packing.forward))` (a log-prob forward,
+    `[N, T]`), or, with `packing.forward_parts`, the same from one call per part, each from
+    its own thread (`map_in_threads`), joined back into the batch's rows.
+
+    Examples:
+      >>> from types import SimpleNamespace as NS
+      >>> b = SequenceBatch(np.array([[3, 1], [3, 2], [5, 1], [5, 2]]), np.ones((4, 2)),
+      ...                   np.ones((4, 1)))
+      >>> config = NS(train=NS(pack_groups=True, pack_min_padding=0.0),
+      ...             algorithm=NS(minibatches=1, shuffle=False), optim=NS(accumulation_steps=1))
+      >>> ctx = NS(config=config, mesh=NS(size=1), sampling=NS(num_samples=2),
+      ...          update_row_groups=2, tokenizer=NS(pad_id=0))
+      >>> packing = packed_groups(ctx, b, None)
+      >>> fn = lambda p, f, s: s.sequences.tokens[:, 1:] * p  # the rows each call gets
+      >>> packed_forward(fn, 10, None, b, packing)[:, 0].tolist()
+      [10, 20, 10, 20]
+    """
+    if not packing.forward_parts:
+        return fn(params, frozen, PackedSequences(sequences, packing.forward))
+    forward = packing.forward
+    G = np.shape(forward.row)[0] // np.shape(forward.prompt_tokens)[0]
+    parts = packing.forward_parts
+    return join_group_parts(map_in_threads(lambda j: fn(params, frozen, parts[j]), len(parts)), G)
 
 
 def padding_share(batch: SequenceBatch, group_size: int) -> float:
@@ -109,18 +164,20 @@ def padding_share(batch: SequenceBatch, group_size: int) -> float:
     return 1.0 - float(real) / float(N // group_size * P + N * T)
 
 
-def packing_metrics(packed: PackedGroups) -> dict[str, float]:
-    """`perf/packed_rows` (completion rows) and `perf/packing_fill` (the share of the prompt
-    and completion rows' slots that hold a token).
+def packing_metrics(packed: PackedGroups, row_groups: int = 1) -> dict[str, float]:
+    """`perf/packed_rows` (completion rows), `perf/packing_fill` (the share of the prompt
+    and completion rows' slots that hold a token) and `perf/packed_row_groups` (the parts the
+    forwards and the update ran in, one thread each: `StepPacking.forward_parts`).
 
     Examples:
       >>> from jaxrl_llm.train import pack_groups
       >>> b = SequenceBatch(np.array([[0, 4, 5, 0], [0, 4, 6, 7]]),
       ...                   np.array([[0, 1, 1, 0], [0, 1, 1, 1]]), np.array([[1, 0], [1, 1]]))
       >>> packing_metrics(pack_groups(b, 2))
-      {'perf/packed_rows': 2.0, 'perf/packing_fill': 0.6666666666666666}
+      {'perf/packed_rows': 2.0, 'perf/packing_fill': 0.6666666666666666, 'perf/packed_row_groups': 1.0}
     """
     return {
         "perf/packed_rows": float(np.shape(packed.tokens)[0]),
         "perf/packing_fill": group_packing_fill(packed),
+        "perf/packed_row_groups": float(row_groups),
     }

@@ -162,8 +162,8 @@ def update_row_groups(config: RunConfig, task: Any, policy_params: Any, mesh: An
     """Row groups of the RL update's gradient (`jaxrl_llm.train.row_groups`): the run's
     `sampling.row_groups` (None: automatic, as for the sampler and the log-prob forwards, from
     the FLOPs of one forward over the batch) where they apply — an RL run with one optimizer
-    update per batch, `parallel: jit`, one device; 1 anywhere else (a step whose groups run
-    packed, `train.pack_groups`, takes the update without row groups: `RunContext.packed_update`).
+    update per batch, `parallel: jit`, one device; 1 anywhere else. A step whose groups run packed
+    (`train.pack_groups`) packs them in as many parts (`RunContext.update_row_groups`).
 
     Examples:
       >>> from types import SimpleNamespace
@@ -398,22 +398,17 @@ def build_context(
     state = place_global(state, train_state_shardings(state, mesh, optimizer))
     groups = update_row_groups(config, task, params["policy"], mesh)
 
-    def update_with(row_groups: int) -> Any:
-        return update_program(
-            config.update_objective,
-            graphs,
-            config.optim,
-            mesh,
-            state,
-            config.parallel,
-            row_groups=row_groups,
-            group_size=prompt_group_size(config, mesh, update=True),
-            samples_per_prompt=config.group_size,
-        )
-
-    update = update_with(groups)
-    # packed rows do not split into row groups: the packed steps' update has none
-    packed_update = update_with(1) if config.train.pack_groups and groups > 1 else None
+    update = update_program(
+        config.update_objective,
+        graphs,
+        config.optim,
+        mesh,
+        state,
+        config.parallel,
+        row_groups=groups,
+        group_size=prompt_group_size(config, mesh, update=True),
+        samples_per_prompt=config.group_size,
+    )
     functions = [] if config.rewards.jax_native else config.rewards.resolve()
     context = RunContext(
         config=config,
@@ -425,7 +420,7 @@ def build_context(
         reward_functions=functions,
         reference=None if synced else reference,
         update=update,
-        packed_update=packed_update,
+        update_row_groups=groups,
         run_dir=run_dir,
         preference_examples=preference_examples,
         preference_eval_examples=preference_eval_examples,

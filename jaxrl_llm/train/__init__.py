@@ -10,7 +10,8 @@
   `PackedPairs`, `packed_pair_logprobs`, `packed_pair_scores`.
 * `group_packing` — padding-free rollout batches, each prompt once with its `G` completions:
   `pack_groups`, `PackedGroups`, `PackedSequences`, `packed_completion_logprobs`,
-  `packed_completion_hidden`, `group_packing_fill`.
+  `packed_completion_hidden`, `group_packing_fill`; a packing's parts (`packing_part`,
+  `group_rows_part`, `join_group_parts`, `check_packing_parts`).
 * `logprobs` — chunked completion log-probs / entropies / values and their jitted forwards.
 * `algorithms` — `AlgorithmConfig`, named `PRESETS`, and the composed RL loss.
 * `advantages` — rewards → advantages, returns and the kept-groups mask; `build_rl_batch`.
@@ -57,10 +58,14 @@ from jaxrl_llm.train.group_packing import (
     PackedGroups,
     PackedSequences,
     check_packed_groups,
+    check_packing_parts,
     group_packing_fill,
+    group_rows_part,
+    join_group_parts,
     pack_groups,
     packed_completion_hidden,
     packed_completion_logprobs,
+    packing_part,
 )
 from jaxrl_llm.train.logprobs import (
     chunked_logprobs,
@@ -173,6 +178,7 @@ __all__ = [
     "call_on_pairs",
     "check_data_parallel",
     "check_packed_groups",
+    "check_packing_parts",
     "check_preference_batch",
     "check_rl_batch",
     "check_sequence_batch",
@@ -187,10 +193,12 @@ __all__ = [
     "finish_update",
     "group_gradients",
     "group_packing_fill",
+    "group_rows_part",
     "has_learning_rate",
     "init_train_state",
     "interleave_pairs",
     "jit_state_step",
+    "join_group_parts",
     "joint_token_logprobs",
     "keeps_row_subset",
     "kl_controller",
@@ -217,6 +225,7 @@ __all__ = [
     "packed_pair_logprobs",
     "packed_pair_scores",
     "packing_fill",
+    "packing_part",
     "pair_valid",
     "param_path",
     "param_shardings",

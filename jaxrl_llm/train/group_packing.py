@@ -436,6 +436,108 @@ def check_packed_groups(packed: PackedGroups, N: int, T: int, *, where: str) -> 
         )
 
 
+def group_rows_part(x: Any, j: Any, parts: int, group_size: int) -> Any:
+    """Part `j` of the `parts` micro-batches of whole groups (`pack_groups(parts=)`'s split,
+    `jaxrl_llm.train.update`'s with `unit = group_size`): the rows of the groups `≡ j (mod
+    parts)` of `x[N, ...]` (`N = B·G`), in order. `j` is an int (host NumPy) or a traced
+    scalar (one program for every part).
+
+    Examples:
+      >>> group_rows_part(np.arange(8), 1, 2, 2).tolist()  # groups 0 1 | 2 3 | 4 5 | 6 7
+      [2, 3, 6, 7]
+    """
+    N, rest = x.shape[0], x.shape[1:]
+    if N % (parts * group_size):
+        raise ValueError(
+            f"group_rows_part: {N} rows do not split into {parts} parts of whole groups of "
+            f"{group_size} rows."
+        )
+    groups = N // (parts * group_size)  # per part
+    return x.reshape(groups, parts, group_size, *rest)[:, j].reshape(groups * group_size, *rest)
+
+
+def packing_part(packed: PackedGroups, j: Any, parts: int) -> PackedGroups:
+    """Part `j` of a packing laid out for `parts` micro-batches (`pack_groups(parts=)`, one
+    epoch) as a packing of its own rows: its prompt and completion rows (`≡ j (mod parts)`)
+    and the sequences of its groups (`group_rows_part`), with the whole-batch indices set to
+    the part's (`batch_row = row`, `batch_prompt_row = prompt_row`). The padded rows of the
+    same groups (`group_rows_part` of the batch) and this part make the `PackedSequences` of
+    a forward of the part alone. `j`: an int (host) or a traced scalar.
+
+    Examples:
+      >>> b = SequenceBatch(np.array([[3, 1, 0], [3, 2, 2], [5, 1, 0], [5, 0, 0]]),
+      ...                   np.array([[1, 1, 0], [1, 1, 1], [1, 1, 0], [1, 0, 0]]),
+      ...                   np.array([[1.0, 0.0], [1.0, 1.0], [1.0, 0.0], [0.0, 0.0]]))
+      >>> p = packing_part(pack_groups(b, 2, parts=2, width=3), 1, 2)  # group 1 alone
+      >>> p.prompt_tokens.tolist(), p.tokens.tolist(), p.batch_row.tolist()
+      ([[5]], [[1, 0, 0]], [0, 0])
+    """
+    if packed.row.ndim != 1:
+        raise ValueError(
+            "packing_part: one packing (no epoch axis) is split into parts; got `packed.row` "
+            f"of shape {packed.row.shape}."
+        )
+    B, N = packed.prompt_tokens.shape[0], packed.row.shape[0]
+
+    def rows(x: Any) -> Any:  # prompt and completion rows: strided
+        return group_rows_part(x, j, parts, 1)
+
+    leaves = {k: rows(v) for k, v in packed._asdict().items() if k not in SEQUENCE_LEAVES}
+    seqs = {k: group_rows_part(getattr(packed, k), j, parts, N // B) for k in SEQUENCE_LEAVES}
+    seqs["batch_row"] = seqs["row"]
+    leaves["batch_prompt_row"] = leaves["prompt_row"]
+    return PackedGroups(**leaves, **seqs)
+
+
+def join_group_parts(outputs: Any, group_size: int) -> Any:
+    """The inverse of `group_rows_part` over all parts: the parts' outputs (a sequence of
+    pytrees, part `j`'s leaves `[N/parts, ...]` rows of its groups) interleaved back into the
+    batch's `[N, ...]` order (host or device arrays; None leaves stay None).
+
+    Examples:
+      >>> x = np.arange(8)
+      >>> join_group_parts([group_rows_part(x, j, 2, 2) for j in range(2)], 2).tolist()
+      [0, 1, 2, 3, 4, 5, 6, 7]
+    """
+
+    def join(*parts: Any) -> Any:
+        n, rest = parts[0].shape[0] // group_size, parts[0].shape[1:]
+        xp = np if all(isinstance(x, np.ndarray) for x in parts) else jnp
+        stacked = xp.stack([x.reshape(n, group_size, *rest) for x in parts], axis=1)
+        return stacked.reshape(n * len(parts) * group_size, *rest)
+
+    return jax.tree.map(join, *outputs)
+
+
+def check_packing_parts(packed: PackedGroups, parts: int, *, where: str) -> None:
+    """Raise a ValueError naming the problem unless the (host or concrete) packing `packed`
+    (one epoch) was laid out for `parts` micro-batches: every sequence's whole-batch row is
+    its part's row `row·parts + j` (`j` the part of its group), which a packing made for
+    another `parts` does not satisfy.
+
+    Examples:
+      >>> b = SequenceBatch(np.array([[3, 1], [3, 2], [5, 1], [5, 2]]), np.ones((4, 2)),
+      ...                   np.ones((4, 1)))
+      >>> check_packing_parts(pack_groups(b, 2, parts=2), 2, where="demo")
+      >>> check_packing_parts(pack_groups(b, 2), 2, where="demo")
+      Traceback (most recent call last):
+      ...
+      ValueError: demo: the packed groups were not laid out for 2 micro-batches (pack_groups(parts=2)): sequence 1's whole-batch row is 1, not row·parts + part = 1·2 + 0.
+    """
+    row, batch_row = np.asarray(packed.row), np.asarray(packed.batch_row)
+    G = row.shape[-1] // np.shape(packed.prompt_tokens)[-2]
+    part = (np.arange(row.shape[-1]) // G) % parts
+    wrong = np.flatnonzero(batch_row != row * parts + part)
+    if row.ndim != 1 or wrong.size:
+        n = int(wrong[0]) if wrong.size else 0
+        raise ValueError(
+            f"{where}: the packed groups were not laid out for {parts} micro-batches "
+            f"(pack_groups(parts={parts})): sequence {n}'s whole-batch row is "
+            f"{int(batch_row.reshape(-1)[n])}, not row·parts + part = {int(row.reshape(-1)[n])}·"
+            f"{parts} + {int(part[n])}."
+        )
+
+
 def group_packing_fill(packed: PackedGroups) -> float:
     """The share of the packed slots (`B·P` prompt and `R·W` completion slots) that hold a
     token (host; for metrics).

@@ -23,7 +23,7 @@ from tests.runner.test_trim_completions import RUN, _steps, assert_same_steps
     ("name", "overrides"),
     [
         ("grpo", ()),
-        ("grpo", ("sampling.row_groups=2",)),  # padded updates in row groups, packed ones not
+        ("grpo", ("sampling.row_groups=2",)),  # updates and forwards in row groups, packed in parts
         ("dr_grpo", ()),
         ("gspo", ()),
         ("dapo", ("train.max_refills=1", "algorithm.epochs=2")),
@@ -42,7 +42,10 @@ def test_packed_steps_match_the_padded_steps(tmp_path, name, overrides):
     history, perf, params = _steps(
         tmp_path / "packed", name, True, "train.pack_groups=true", *overrides
     )
-    assert any("perf/packed_rows" in p for p in perf)  # a step ran packed
+    packed = [p for p in perf if "perf/packed_rows" in p]
+    assert packed  # a step ran packed
+    row_groups = 2 if "sampling.row_groups=2" in overrides else 1
+    assert all(p["perf/packed_row_groups"] == row_groups for p in packed)
     history_padded, _, params_padded = _steps(tmp_path / "padded", name, True, *overrides)
     assert_same_steps((history, params), (history_padded, params_padded), name)
 

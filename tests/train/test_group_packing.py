@@ -5,6 +5,7 @@ the refusals."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -17,19 +18,24 @@ from jaxrl_llm.train import (
     RLBatch,
     SequenceBatch,
     best_fit_decreasing,
+    check_packing_parts,
     completion_logprobs,
     count_normalizers,
+    group_rows_part,
     init_train_state,
+    join_group_parts,
     make_logprob_fn,
     make_update_step,
     make_value_fn,
     pack_groups,
     packed_completion_logprobs,
+    packing_part,
     preset,
     rl_objective,
     split_models,
     update_unit_orders,
 )
+from jaxrl_llm.train.row_groups import make_row_group_update_step
 from tests.train.helpers import (
     V,
     tiny_critic,
@@ -267,6 +273,80 @@ def test_micro_batches_of_packed_groups_match_the_padded_ones(
     assert tree_max_abs_diff(params_padded, params) > 1e-3
     for key, value in metrics.items():
         np.testing.assert_allclose(packed_metrics[key], value, rtol=1e-4, atol=2e-6, err_msg=key)
+
+
+def test_parts_are_packings_of_their_own_groups():
+    """Each part of a packing for 2 parts is the packing of its own groups: its forward gives
+    the log-probs of those rows, and the parts' outputs join back into the batch's."""
+    graphs, params, frozen = split_models(tiny_policy())
+    logprob = functools.partial(make_logprob_fn(graphs.policy), params["policy"])
+    frozen = frozen["policy"]
+    batch = grouped_batch(seed=4, prompts=4)
+    host = jax.tree.map(np.asarray, batch)
+    packed = pack_groups(host, G, parts=2)
+    whole = logprob(frozen, batch)
+    outs = []
+    for j in range(2):
+        rows = jax.tree.map(lambda x, j=j: group_rows_part(x, j, 2, G), host)
+        part = packing_part(packed, j, 2)
+        check_packing_parts(part, 1, where="test")  # a packing of its rows alone
+        outs.append(logprob(frozen, jax.tree.map(jnp.asarray, PackedSequences(rows, part))))
+        alone = logprob(frozen, jax.tree.map(jnp.asarray, rows))
+        np.testing.assert_allclose(np.asarray(outs[-1]), np.asarray(alone), atol=2e-5)
+    np.testing.assert_allclose(np.asarray(join_group_parts(outs, G)), np.asarray(whole), atol=2e-5)
+    # a traced part index takes the same rows (the row groups' one program for every part)
+    traced = jax.jit(lambda p, j: packing_part(p, j, 2))(packed, jnp.int32(1))
+    assert all(
+        np.array_equal(a, b) for a, b in zip(traced, packing_part(packed, 1, 2), strict=True)
+    )
+
+
+@pytest.mark.parametrize("name", ["grpo", "ppo"])
+def test_row_groups_of_packed_groups_match_the_padded_update(name):
+    """The update's gradient in 2 row groups (one thread each) over a packing for 2 parts:
+    two steps give the parameters and metrics of the padded batch's one-program update (GRPO;
+    PPO with a value head reading the packed states)."""
+    alg = preset(name)
+    if name == "ppo":
+        alg = dataclasses.replace(
+            alg, epochs=1, minibatches=1, critic=dataclasses.replace(alg.critic, kind="head")
+        )
+    models = (tiny_policy(), tiny_critic("head")) if name == "ppo" else (tiny_policy(),)
+    graphs, params, frozen = split_models(*models)
+    tx = optax.sgd(0.5)
+    objective = rl_objective(alg, graphs, group_size=G)
+    batch = grouped_batch(seed=6, prompts=4)
+    host = jax.tree.map(np.asarray, batch)
+    rng = np.random.default_rng(1)
+    extra = {}
+    if name == "ppo":
+        extra = {
+            k: jnp.asarray(rng.normal(size=batch.completion_mask.shape), jnp.float32)
+            * batch.completion_mask
+            for k in ("old_values", "returns")
+        }
+    packed = jax.tree.map(jnp.asarray, pack_groups(host, G, parts=2))
+    results = {}
+    for form, step, packing in (
+        ("padded", make_update_step(objective, tx), None),
+        ("packed", make_row_group_update_step(objective, tx, groups=2), packed),
+    ):
+        state = init_train_state(jax.tree.map(jnp.copy, params), frozen, tx, key=jax.random.key(5))
+        for _ in range(2):
+            state, metrics = step(state, _rl_batch(batch, packing)._replace(**extra))
+        results[form] = state.params, metrics
+    (params_packed, packed_metrics), (params_padded, metrics) = results["packed"], results["padded"]
+    assert tree_max_abs_diff(params_packed, params_padded) < 1e-5
+    assert tree_max_abs_diff(params_padded, params) > 1e-3
+    assert set(packed_metrics) == set(metrics)
+    for key, value in metrics.items():
+        np.testing.assert_allclose(packed_metrics[key], value, rtol=1e-4, atol=2e-6, err_msg=key)
+    one_part = jax.tree.map(jnp.asarray, pack_groups(host, G))  # laid out for one call
+    state = init_train_state(jax.tree.map(jnp.copy, params), frozen, tx, key=jax.random.key(5))
+    with pytest.raises(ValueError, match="not laid out for 2 micro-batches"):
+        make_row_group_update_step(objective, tx, groups=2)(
+            state, _rl_batch(batch, one_part)._replace(**extra)
+        )
 
 
 def test_an_update_refuses_packing_it_cannot_split():

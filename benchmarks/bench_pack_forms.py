@@ -18,7 +18,8 @@ each form, the calls alternating (`--repeat` rounds, the first left out, medians
   loop runs on a CPU).
 
 Each update call starts from a copy of the same state (the step donates it). The batch's
-padding share (`padding_share`) is reported with it.
+padding share (`padding_share`) and the share of slots packing removes (`packed_slot_saving`,
+what `train.pack_min_saving` weighs) are reported with it.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import numpy as np
 from benchmarks import bench_trim as trim
 from benchmarks.workloads import Workload, load_average, write_results
 
-CASES = [(10, 256), (40, 256), (1000, 64)]  # (stop every n-th byte id, new-token budget)
+CASES = [(10, 256), (40, 256), (1000, 64), (1000, 32)]  # (stop every n-th byte id, budget)
 QUICK = Workload("tiny", 2, 2, 64)
 
 
@@ -47,7 +48,7 @@ def _captured_step(w: Workload, stop_every: int, row_groups: int | None, run_dir
 
     prepared = trim._prepare(w, True, True, run_dir, stop_every=stop_every, row_groups=row_groups)
     ctx = prepared.context
-    train = dataclasses.replace(ctx.config.train, pack_min_padding=0.0)  # pack every step
+    train = dataclasses.replace(ctx.config.train, pack_min_saving=0.0)  # pack every step
     ctx = ctx._replace(config=dataclasses.replace(ctx.config, train=train))
     update, captured = ctx.update, {}
 
@@ -70,7 +71,12 @@ def measure(
 ) -> dict:
     """Median seconds of the three forms' update and forward on one batch (module docstring):
     the small model at 8 × 8 × `budget` unless `workload` is given; `row_groups` None: auto."""
-    from jaxrl_llm.runner.packed_groups import StepPacking, packed_forward, padding_share
+    from jaxrl_llm.runner.packed_groups import (
+        StepPacking,
+        packed_forward,
+        packed_slot_saving,
+        padding_share,
+    )
     from jaxrl_llm.runner.programs import logprob_program, prompt_group_size, update_program
     from jaxrl_llm.runner.rollout import forward_in_row_groups
     from jaxrl_llm.train import (
@@ -137,6 +143,7 @@ def measure(
         "workload": f"{w.name}, stop every {stop_every}",
         "width": int(batch.completion_mask.shape[1]),
         "padding_share": round(padding_share(host, G), 3),
+        "slot_saving": round(packed_slot_saving(host, G, parts=groups), 3),
         "completion_rows": {
             "one_call": int(whole.tokens.shape[0]),
             "parts": int(in_parts.tokens.shape[0]),

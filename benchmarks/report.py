@@ -449,12 +449,14 @@ def pack_forms_table(results: pathlib.Path) -> list[str]:
         "padded (in the CPU's row groups), packed as one call, and packed in as many parts as "
         "row groups (what the loop runs). Median seconds; speed-ups over the padded form.",
         "",
-        "| workload | width | padding | padded update / forward s | packed, one call | "
+        "| workload | width | padding | slots saved | padded update / forward s | "
+        "packed, one call | "
         "packed, in row groups | update speed-up (one call, row groups) | "
         "forward speed-up (one call, row groups) |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in data["results"]:
+        saved = f"{r['slot_saving']:.0%}" if "slot_saving" in r else "—"
         forms = " | ".join(
             f"{_fmt(r[f]['update'])} / {_fmt(r[f]['forward'])}"
             for f in ("padded", "packed_one_call", "packed")
@@ -464,7 +466,8 @@ def pack_forms_table(results: pathlib.Path) -> list[str]:
             for phase in ("update", "forward")
         )
         lines.append(
-            f"| {r['workload']} | {r['width']} | {r['padding_share']:.0%} | {forms} | {speedups} |"
+            f"| {r['workload']} | {r['width']} | {r['padding_share']:.0%} | {saved} | {forms} | "
+            f"{speedups} |"
         )
     return lines
 

@@ -445,7 +445,7 @@ def run_demo(
       >>> run_demo(sft_overrides=["train.stepz=1"])
       Traceback (most recent call last):
       ...
-      jaxrl_llm.config.ConfigError: train: unknown key 'stepz' (did you mean 'steps'?); allowed keys: steps, prompts_per_step, max_prompt_tokens, eval_every, eval_prompts, eval_samples, eval_pass_k, log_every, max_refills, overlong, truncation_penalty, max_consecutive_skips, compiled_iterations, compilation_cache, shared_prompt_forward, reference_sync, trim_completions, trim_minimum, pack_groups, pack_min_padding
+      jaxrl_llm.config.ConfigError: train: unknown key 'stepz' (did you mean 'steps'?); allowed keys: steps, prompts_per_step, max_prompt_tokens, eval_every, eval_prompts, eval_samples, eval_pass_k, log_every, max_refills, overlong, truncation_penalty, max_consecutive_skips, compiled_iterations, compilation_cache, shared_prompt_forward, reference_sync, trim_completions, trim_minimum, pack_groups, pack_min_saving
     """
     started = time.perf_counter()
     sft_config, rl_config = demo_configs(

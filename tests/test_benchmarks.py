@@ -92,6 +92,7 @@ def test_the_pack_forms_benchmark_times_three_forms_on_one_batch(tmp_path):
         10, 64, repeat=1, workload=Workload("tiny", 2, 2, 64), row_groups=2
     )
     assert row["row_groups"] == 2 and row["width"] < 64 and 0 < row["padding_share"] < 1
+    assert 0 <= row["slot_saving"] < 1
     assert row["completion_rows"]["parts"] >= row["completion_rows"]["one_call"] >= 1
     for form in ("padded", "packed_one_call", "packed"):
         assert row[form]["update"] > 0 and row[form]["forward"] > 0

@@ -82,6 +82,7 @@ from jaxrl_llm.runner.packed_groups import (
     StepPacking,
     packed_forward,
     packed_groups,
+    packed_slot_saving,
     packing_metrics,
     padding_share,
 )
@@ -203,6 +204,7 @@ __all__ = [
     "packed_forward",
     "packed_groups",
     "packed_sft_batch",
+    "packed_slot_saving",
     "packing_metrics",
     "packing_row_unit",
     "pad_rows",

@@ -157,7 +157,7 @@ def load_run_config(
       >>> load_run_config(p, ["train.stpes=2"])
       Traceback (most recent call last):
       ...
-      jaxrl_llm.config.ConfigError: train: unknown key 'stpes' (did you mean 'steps'?); allowed keys: steps, prompts_per_step, max_prompt_tokens, eval_every, eval_prompts, eval_samples, eval_pass_k, log_every, max_refills, overlong, truncation_penalty, max_consecutive_skips, compiled_iterations, compilation_cache, shared_prompt_forward, reference_sync, trim_completions, trim_minimum, pack_groups, pack_min_padding
+      jaxrl_llm.config.ConfigError: train: unknown key 'stpes' (did you mean 'steps'?); allowed keys: steps, prompts_per_step, max_prompt_tokens, eval_every, eval_prompts, eval_samples, eval_pass_k, log_every, max_refills, overlong, truncation_penalty, max_consecutive_skips, compiled_iterations, compilation_cache, shared_prompt_forward, reference_sync, trim_completions, trim_minimum, pack_groups, pack_min_saving
     """
     path = pathlib.Path(path)
     data = apply_overrides(load_yaml(path), overrides)

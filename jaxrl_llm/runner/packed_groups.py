@@ -1,11 +1,12 @@
 """The step-by-step RL loop's groups packed without padding (`train.pack_groups`).
 
-A step packs only when padding makes up at least `train.pack_min_padding` (0.2) of the
-slots of the padded forward (`padding_share`): on the small model at 8 × 8 × 64 a batch of
-full-length completions ran 9 % slower packed as one call, one with 32 % padding 1.23×
-faster, one with 53 % 1.64× faster; packed in the row groups' parts (below), one batch with
-22 % padding ran its update 1.18× and its forward 1.16× faster than padded
-(`benchmarks/bench_pack_forms.py`).
+A step packs only when packing removes at least `train.pack_min_saving` (0.1) of the slots
+of the padded forward (`packed_slot_saving`: what counts is how many completion rows the
+packing saves, not how much padding the batch holds). On the small model at 8 × 8
+(`benchmarks/bench_pack_forms.py`, one batch, the forms alternating): completions that pack
+one to a row (16 % and 13 % padding, nothing saved) ran as fast packed as padded
+(0.99–1.02×); 64 completions in 56 rows (12 % of the slots saved) ran the update 1.21× and
+the forward 1.18× faster; 16 rows (73 % saved) 3.3× and 3.4×.
 
 On one device, after the batch is cut to its longest completion (`runner.completion_width`),
 the loop packs each group — its prompt once, its `G` completions back to back in completion
@@ -45,6 +46,7 @@ from jaxrl_llm.train import (
     PackedGroups,
     PackedSequences,
     SequenceBatch,
+    completion_row_count,
     group_packing_fill,
     group_rows_part,
     join_group_parts,
@@ -73,7 +75,7 @@ class StepPacking(NamedTuple):
 
 def packed_groups(ctx: RunContext, sequences: SequenceBatch, key: jax.Array) -> StepPacking | None:
     """The batch's packed groups on the device, or None where the run does not pack
-    (`train.pack_groups` off, a mesh of several devices, or too little padding).
+    (`train.pack_groups` off, a mesh of several devices, or too few slots saved).
 
     Args:
       ctx: the run.
@@ -94,16 +96,15 @@ def packed_groups(ctx: RunContext, sequences: SequenceBatch, key: jax.Array) -> 
     alg = config.algorithm
     host = jax.tree.map(np.asarray, SequenceBatch(*fetch_global(tuple(sequences[:3]))))
     G = ctx.sampling.num_samples
-    if padding_share(host, G) < train.pack_min_padding:
-        return None  # mostly real tokens: the padded forwards are faster
     parts = alg.minibatches * config.optim.accumulation_steps
     orders = None
     if alg.shuffle and alg.minibatches > 1:  # the update's micro-batches hold whole groups
         orders = np.asarray(update_unit_orders(key, epochs=alg.epochs, units=len(host[0]) // G))
     row_groups = ctx.update_row_groups if parts == 1 else 1
-    packed = pack_groups(
-        host, G, parts=parts * row_groups, orders=orders, pad_id=ctx.tokenizer.pad_id
-    )
+    parts *= row_groups
+    if packed_slot_saving(host, G, parts=parts, orders=orders) < train.pack_min_saving:
+        return None  # few rows saved: the padded forwards are as fast, with fewer programs
+    packed = pack_groups(host, G, parts=parts, orders=orders, pad_id=ctx.tokenizer.pad_id)
     forward_parts = ()
     if row_groups > 1:  # each row group's rows and packing, for the forwards' threads
         forward_parts = tuple(
@@ -130,7 +131,7 @@ def packed_forward(
       >>> from types import SimpleNamespace as NS
       >>> b = SequenceBatch(np.array([[3, 1], [3, 2], [5, 1], [5, 2]]), np.ones((4, 2)),
       ...                   np.ones((4, 1)))
-      >>> config = NS(train=NS(pack_groups=True, pack_min_padding=0.0),
+      >>> config = NS(train=NS(pack_groups=True, pack_min_saving=0.0),
       ...             algorithm=NS(minibatches=1, shuffle=False), optim=NS(accumulation_steps=1))
       >>> ctx = NS(config=config, mesh=NS(size=1), sampling=NS(num_samples=2),
       ...          update_row_groups=2, tokenizer=NS(pad_id=0))
@@ -145,6 +146,29 @@ def packed_forward(
     G = np.shape(forward.row)[0] // np.shape(forward.prompt_tokens)[0]
     parts = packing.forward_parts
     return join_group_parts(map_in_threads(lambda j: fn(params, frozen, parts[j]), len(parts)), G)
+
+
+def packed_slot_saving(
+    batch: SequenceBatch, group_size: int, *, parts: int = 1, orders: Any = None
+) -> float:
+    """The share of the padded forward's slots (`B·P + N·T`, each prompt once per group) that
+    packing the batch removes: `1 − (B·P + R·T) / (B·P + N·T)`, `R` the completion rows
+    `pack_groups(batch, G, parts=, orders=)` would lay out at the cut width `T`
+    (`completion_row_count`; host).
+
+    Examples:
+      >>> b = SequenceBatch(np.array([[0, 5, 6, 0], [0, 5, 7, 0]]),
+      ...                   np.array([[0, 1, 1, 0], [0, 1, 1, 0]]), np.ones((2, 2)))
+      >>> packed_slot_saving(b, 2)  # both completions in one row: 2 + 2 of 2 + 4 slots
+      0.3333333333333333
+    """
+    mask = np.asarray(batch.attention_mask) > 0
+    N, T = np.shape(batch.completion_mask)
+    P = mask.shape[1] - T
+    lengths = mask[:, P:].sum(axis=1).reshape(N // group_size, group_size)
+    rows = completion_row_count(lengths, width=T, parts=parts, orders=orders)
+    prompt_slots = N // group_size * P
+    return 1.0 - (prompt_slots + rows * T) / (prompt_slots + N * T)
 
 
 def padding_share(batch: SequenceBatch, group_size: int) -> float:

@@ -10,7 +10,7 @@
   `PackedPairs`, `packed_pair_logprobs`, `packed_pair_scores`.
 * `group_packing` — padding-free rollout batches, each prompt once with its `G` completions:
   `pack_groups`, `PackedGroups`, `PackedSequences`, `packed_completion_logprobs`,
-  `packed_completion_hidden`, `group_packing_fill`; a packing's parts (`packing_part`,
+  `packed_completion_hidden`, `group_packing_fill`, `completion_row_count`; a packing's parts (`packing_part`,
   `group_rows_part`, `join_group_parts`, `check_packing_parts`).
 * `logprobs` — chunked completion log-probs / entropies / values and their jitted forwards.
 * `algorithms` — `AlgorithmConfig`, named `PRESETS`, and the composed RL loss.
@@ -59,6 +59,7 @@ from jaxrl_llm.train.group_packing import (
     PackedSequences,
     check_packed_groups,
     check_packing_parts,
+    completion_row_count,
     group_packing_fill,
     group_rows_part,
     join_group_parts,
@@ -186,6 +187,7 @@ __all__ = [
     "chunked_logprobs",
     "completion_hidden",
     "completion_logprobs",
+    "completion_row_count",
     "compute_advantages",
     "concat_sequences",
     "count_normalizers",

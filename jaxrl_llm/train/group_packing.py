@@ -192,10 +192,7 @@ def pack_groups(
         )
     layouts = [np.arange(B)] if orders is None else _checked_orders(orders, B, where)
     rows = [_micro_batch_rows(order, lengths, parts, W) for order in layouts]
-    needed = max(1, max(len(part) for layout in rows for part in layout))
-    most = N // parts  # a completion per row always fits
-    step = max(1, -(-most // 8)) if row_step is None else _positive_int(where, "row_step", row_step)
-    rows_per_part = max(needed, min(-(-needed // step) * step, most))
+    rows_per_part = _rows_per_part(rows, N, parts, row_step, where)
     prompt = _prompt_rows(batch, G)
     packed = [
         _lay_out(order, layout, rows_per_part, prompt, completions, (G, T, W, pad_id))
@@ -204,6 +201,53 @@ def pack_groups(
     if orders is None:
         return packed[0]
     return PackedGroups(*(np.stack(leaves) for leaves in zip(*packed, strict=True)))
+
+
+def _rows_per_part(
+    rows: list[list[list[Any]]], N: int, parts: int, row_step: int | None, where: str
+) -> int:
+    """Each micro-batch's completion rows: the most any layout's micro-batch needs, rounded up
+    to a multiple of `row_step` (default `⌈N / (8·parts)⌉`), at most `N / parts`."""
+    needed = max(1, max(len(part) for layout in rows for part in layout))
+    most = N // parts  # a completion per row always fits
+    step = max(1, -(-most // 8)) if row_step is None else _positive_int(where, "row_step", row_step)
+    return max(needed, min(-(-needed // step) * step, most))
+
+
+def completion_row_count(
+    lengths: Any,
+    *,
+    width: int,
+    parts: int = 1,
+    orders: Any = None,
+    row_step: int | None = None,
+) -> int:
+    """The completion rows `R` that `pack_groups` lays out for completions of these lengths,
+    without laying them out (host; what a caller weighs before packing: `B·P + R·W` packed
+    slots against the padded `B·P + N·T`).
+
+    Args:
+      lengths: `[B, G]` ints, each completion's real tokens (0: empty).
+      width, parts, orders, row_step: as for `pack_groups`.
+
+    Examples:
+      >>> completion_row_count([[3, 1], [2, 2]], width=4)  # 3 + 1 | 2 + 2
+      2
+      >>> completion_row_count([[3, 3], [3, 3]], width=4)  # no two share a row
+      4
+    """
+    where = "completion_row_count"
+    lengths = np.asarray(lengths)
+    if lengths.ndim != 2:
+        raise ValueError(f"{where}: `lengths` must be [B, G], got shape {lengths.shape}.")
+    B, G = lengths.shape
+    parts = _positive_int(where, "parts", parts)
+    if B % parts:
+        raise ValueError(f"{where}: {B} groups do not split into `parts` = {parts} micro-batches.")
+    listed = lengths.tolist()
+    layouts = [np.arange(B)] if orders is None else _checked_orders(orders, B, where)
+    rows = [_micro_batch_rows(order, listed, parts, width) for order in layouts]
+    return parts * _rows_per_part(rows, B * G, parts, row_step, where)
 
 
 def _checked_orders(orders: Any, B: int, where: str) -> list[np.ndarray]:

@@ -62,9 +62,48 @@ def _first_step(run_dir, *overrides):
     return metrics
 
 
-def test_a_batch_with_little_padding_stays_padded(tmp_path):
-    metrics = _first_step(tmp_path, "train.pack_min_padding=0.99")
+def test_a_batch_packing_saves_little_of_stays_padded(tmp_path):
+    metrics = _first_step(tmp_path, "train.pack_min_saving=0.99")
     assert "perf/packed_rows" not in metrics and metrics["perf/completion_width"] < 32
+
+
+def test_the_saving_counts_the_rows_packing_removes():
+    """`packed_slot_saving` weighs the packed rows, not the padding: completions longer than
+    half the width pack one to a row and save nothing, however much padding they leave."""
+    import numpy as np
+
+    from jaxrl_llm.runner import packed_slot_saving
+    from jaxrl_llm.train import SequenceBatch, pack_groups
+
+    P, T, G = 2, 8, 2
+    lengths = [[5, 5], [8, 1], [2, 3], [6, 7]]  # group 0: 2 rows; 1: 2; 2: 1; 3: 2
+    N = G * len(lengths)
+    tokens = np.ones((N, P + T), np.int32)
+    attention = np.zeros((N, P + T), np.int32)
+    attention[:, :P] = 1
+    for n, c in enumerate(np.ravel(lengths)):
+        attention[n, P : P + c] = 1
+    batch = SequenceBatch(tokens, attention, attention[:, P:].astype(np.float32))
+    rows = pack_groups(batch, G, row_step=1).tokens.shape[0]
+    assert rows == 7
+    slots = len(lengths) * P + N * T
+    saving = packed_slot_saving(batch, G)
+    # the default row step rounds to multiples of ⌈N / 8⌉ = 1 row: the same 7 rows
+    np.testing.assert_allclose(saving, 1 - (len(lengths) * P + rows * T) / slots)
+    one_per_row = batch._replace(
+        attention_mask=np.concatenate(
+            [attention[:, :P], np.repeat(attention[:1, P:], N, 0)], axis=1
+        )
+    )
+    assert (
+        packed_slot_saving(
+            one_per_row._replace(
+                completion_mask=one_per_row.attention_mask[:, P:].astype(np.float32)
+            ),
+            G,
+        )
+        == 0.0
+    )
 
 
 def test_packing_is_logged(tmp_path):

@@ -20,6 +20,7 @@ from jaxrl_llm.train import (
     best_fit_decreasing,
     check_packing_parts,
     completion_logprobs,
+    completion_row_count,
     count_normalizers,
     group_rows_part,
     init_train_state,
@@ -273,6 +274,18 @@ def test_micro_batches_of_packed_groups_match_the_padded_ones(
     assert tree_max_abs_diff(params_padded, params) > 1e-3
     for key, value in metrics.items():
         np.testing.assert_allclose(packed_metrics[key], value, rtol=1e-4, atol=2e-6, err_msg=key)
+
+
+@pytest.mark.parametrize(("parts", "orders"), [(1, None), (2, None), (2, [[1, 0, 3, 2]])])
+def test_the_row_count_is_the_packings(parts, orders):
+    """`completion_row_count` from the lengths alone gives the rows `pack_groups` lays out."""
+    for seed in range(3):
+        batch = jax.tree.map(np.asarray, grouped_batch(seed=seed, prompts=4))
+        lengths = (batch.attention_mask[:, P:] > 0).sum(axis=1).reshape(4, G)
+        for width in (T, T + 3):
+            packed = pack_groups(batch, G, parts=parts, orders=orders, width=width)
+            rows = completion_row_count(lengths, width=width, parts=parts, orders=orders)
+            assert rows == packed.tokens.shape[-2]
 
 
 def test_parts_are_packings_of_their_own_groups():

@@ -12,10 +12,14 @@ a budget of 256 new tokens, and a tenth of the byte ids as stop tokens, so that 
 stop after ≈ 10 tokens on average and the longest of the 64 rows after ≈ 40-60: the shape of
 a run whose budget is generous for what the policy writes. Three runs — full, trimmed, and
 trimmed with packed groups — are prepared in one process and their steps alternate
-(`runner.loop._rl_step`: the same keys, so the same rollouts); the first `--warmup` steps of
-each (compilation, one per shape met) are left out, and the table reports the medians of the
-rest: the step, its sampling (the same for all), its forwards (reference log-probs and
-advantages) and its update.
+(`runner.loop._rl_step`, the same keys); the first `--warmup` steps of each (compilation, one
+per shape met) are left out, and the table reports the medians of the rest: the step, its
+sampling, its forwards (reference log-probs and advantages) and its update. The runs start
+from the same rollout, but the forms' float rounding makes their policies sample different
+tokens within a few steps, so their later batches (and widths) differ: a comparison of whole
+runs, noisy where the forms are close (on the same machine two runs of this benchmark gave
+the packed step 2.0× and 1.48× the trimmed one). `benchmarks.bench_pack_forms` compares the
+forms on one batch.
 
 `--minibatches M` splits each update into `M` shuffled minibatches of whole prompts
 (`algorithm.minibatch_unit: prompt`, PPO-style reuse with the old-policy forward): packed,

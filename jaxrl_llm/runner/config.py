@@ -898,16 +898,13 @@ def _validate_pack_groups(cfg: RunConfig) -> None:
     reasons = [
         (cfg.train.compiled_iterations is not None, "the compiled iteration keeps fixed shapes"),
         (cfg.parallel != "jit", "parallel: pmap splits the rows over devices"),
-        (
-            keeps_row_subset(alg, cfg.group_size),
-            "online DPO's reference forward reads a subset of the rows",
-        ),
     ]
     for refused, why in reasons:
         if refused:
             raise ConfigError(f"{key}: not with this run: {why}; set it to false.")
     parts = alg.minibatches * cfg.optim.accumulation_steps
-    if parts > 1 and cfg.update_unit % cfg.group_size:
+    group = 2 if keeps_row_subset(alg, cfg.group_size) else cfg.group_size  # packed groups
+    if parts > 1 and cfg.update_unit % group:
         raise ConfigError(
             f"{key}: the update's {parts} micro-batches (minibatches × accumulation_steps) "
             "take strided rows, so each would hold part of every group; set "

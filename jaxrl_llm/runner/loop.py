@@ -114,7 +114,10 @@ def _rl_step(
             collected.lengths, max_width=width, minimum=config.train.trim_minimum
         )
         collected = trim_collected(collected, width)
-    packing = packed_groups(ctx, collected.sequences, state.key)
+    G = ctx.sampling.num_samples
+    ref_after = keeps_row_subset(alg, G)  # online DPO's reference: the kept rows only
+    # (online DPO with G > 2 packs the pairs it keeps, below; its other forwards stay padded)
+    packing = None if ref_after else packed_groups(ctx, collected.sequences, state.key)
     packed = None if packing is None else packing.forward
     seqs = collected.sequences
     policy_params, policy_frozen = state.params["policy"], state.frozen["policy"]
@@ -137,8 +140,6 @@ def _rl_step(
             old = sampler_old_logprobs(seqs, collected.logprobs)
         elif alg.needs_old_logprobs:
             old = forward(policy_params)
-        G = ctx.sampling.num_samples
-        ref_after = keeps_row_subset(alg, G)  # online DPO's reference: the kept rows only
         ref = (
             forward(reference_policy(ctx, state)) if alg.needs_reference and not ref_after else None
         )
@@ -165,9 +166,12 @@ def _rl_step(
         if ref_after:
             pairs = kept_rows_logprob_program(ctx.graphs.policy, alg, forward_group)
             kept = SequenceBatch(batch.tokens, batch.attention_mask, batch.completion_mask)
-            ref = forward_in_row_groups(
-                ctx, pairs, reference_policy(ctx, state), policy_frozen, kept
-            )
+            packing = packed_groups(ctx, kept, state.key, group_size=2)  # the kept pairs
+            reference = reference_policy(ctx, state)
+            if packing is None:
+                ref = forward_in_row_groups(ctx, pairs, reference, policy_frozen, kept)
+            else:
+                ref = packed_forward(pairs, reference, policy_frozen, kept, packing)
             batch = batch._replace(ref_logp=ref)
         adv_metrics = _host(adv_metrics)
         update_start = time.perf_counter()
@@ -188,7 +192,7 @@ def _rl_step(
             **(
                 {}
                 if packing is None
-                else packing_metrics(packed, max(1, len(packing.forward_parts)))
+                else packing_metrics(packing.forward, max(1, len(packing.forward_parts)))
             ),
             "perf/tokens_per_sec": tokens / max(done - started, 1e-9),
         }

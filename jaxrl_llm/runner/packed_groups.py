@@ -28,9 +28,11 @@ An update of several minibatches or accumulation steps (`parts` micro-batches of
 shuffled one (`minibatches > 1`) one packing per epoch, in the group orders the update will
 draw from the state's key (`jaxrl_llm.train.update_unit_orders`). The forwards before the
 update run the first epoch's packing. `RunConfig` refuses it where the batch is split in
-strided rows (`minibatch_unit: row` with several micro-batches) or re-read in rows (online
-DPO with `G > 2`, `parallel: pmap`, the compiled iteration); on a mesh of several devices the
-loop runs the padded rows.
+strided rows (`minibatch_unit: row` with several micro-batches) or re-read in rows
+(`parallel: pmap`, the compiled iteration); on a mesh of several devices the loop runs the
+padded rows. Online DPO with `G > 2` samples keeps each prompt's best and worst: the loop
+packs those pairs (groups of 2) for its reference forward and its update, after choosing
+them; the forwards before run the padded rows.
 """
 
 from __future__ import annotations
@@ -73,7 +75,9 @@ class StepPacking(NamedTuple):
     forward_parts: tuple[PackedSequences, ...] = ()
 
 
-def packed_groups(ctx: RunContext, sequences: SequenceBatch, key: jax.Array) -> StepPacking | None:
+def packed_groups(
+    ctx: RunContext, sequences: SequenceBatch, key: jax.Array, group_size: int | None = None
+) -> StepPacking | None:
     """The batch's packed groups on the device, or None where the run does not pack
     (`train.pack_groups` off, a mesh of several devices, or too few slots saved).
 
@@ -82,6 +86,8 @@ def packed_groups(ctx: RunContext, sequences: SequenceBatch, key: jax.Array) -> 
       sequences: the step's rollout batch (cut to its width).
       key: the key of the state the update will start from (`TrainState.key`): a shuffled
         update's group orders.
+      group_size: rows per group of `sequences` (None: `G`, the rollout's; 2 for the pairs
+        online DPO keeps of its `G > 2` samples).
 
     Examples:
       >>> from types import SimpleNamespace as NS
@@ -95,7 +101,7 @@ def packed_groups(ctx: RunContext, sequences: SequenceBatch, key: jax.Array) -> 
         return None
     alg = config.algorithm
     host = jax.tree.map(np.asarray, SequenceBatch(*fetch_global(tuple(sequences[:3]))))
-    G = ctx.sampling.num_samples
+    G = ctx.sampling.num_samples if group_size is None else group_size
     parts = alg.minibatches * config.optim.accumulation_steps
     orders = None
     if alg.shuffle and alg.minibatches > 1:  # the update's micro-batches hold whole groups

@@ -36,6 +36,11 @@ from tests.runner.test_trim_completions import RUN, _steps, assert_same_steps
         # packing per epoch, each micro-batch's groups in its own rows
         ("ppo_value_head_adaptive_kl", ("algorithm.minibatch_unit=prompt",)),
         ("grpo", ("algorithm.minibatches=2", "algorithm.minibatch_unit=prompt")),
+        # online DPO's best and worst of 4 samples: the kept pairs packed after the choice,
+        # for the reference forward and the update, in one call and in 2 row groups
+        ("online_dpo", ("sampling.num_samples=4",)),
+        ("online_dpo", ("sampling.num_samples=4", "sampling.row_groups=2")),
+        ("online_dpo", ("sampling.num_samples=4", "algorithm.minibatches=2")),
     ],
 )
 def test_packed_steps_match_the_padded_steps(tmp_path, name, overrides):
@@ -90,20 +95,10 @@ def test_the_saving_counts_the_rows_packing_removes():
     saving = packed_slot_saving(batch, G)
     # the default row step rounds to multiples of ⌈N / 8⌉ = 1 row: the same 7 rows
     np.testing.assert_allclose(saving, 1 - (len(lengths) * P + rows * T) / slots)
-    one_per_row = batch._replace(
-        attention_mask=np.concatenate(
-            [attention[:, :P], np.repeat(attention[:1, P:], N, 0)], axis=1
-        )
-    )
-    assert (
-        packed_slot_saving(
-            one_per_row._replace(
-                completion_mask=one_per_row.attention_mask[:, P:].astype(np.float32)
-            ),
-            G,
-        )
-        == 0.0
-    )
+    full = attention.copy()
+    full[:, P:] = attention[:1, P:]  # every completion as long as the first (5 of 8 slots)
+    one_per_row = SequenceBatch(tokens, full, full[:, P:].astype(np.float32))
+    assert packed_slot_saving(one_per_row, G) == 0.0  # 33 % padding, no row saved
 
 
 def test_packing_is_logged(tmp_path):
@@ -116,7 +111,6 @@ def test_packing_is_logged(tmp_path):
 @pytest.mark.parametrize(
     ("config", "overrides", "why"),
     [
-        ("online_dpo", ("sampling.num_samples=4",), "online DPO's reference forward"),
         ("grpo", ("algorithm.minibatches=2",), "take strided rows.*minibatch_unit: prompt"),
         ("grpo", ("optim.accumulation_steps=2",), "take strided rows"),
         ("grpo", ("train.compiled_iterations=2", "rewards={jax_native: true}",

@@ -17,6 +17,11 @@ each form, the calls alternating (`--repeat` rounds, the first left out, medians
 - `packed`: packed in as many parts as row groups, each part from its own thread (what the
   loop runs on a CPU).
 
+The last case is online DPO with `G = 8` samples (`configs/online_dpo.yaml`'s algorithm): its
+update and reference forward run on the best and worst sample of each prompt, which the loop
+packs as groups of 2 once chosen; the forward is then the reference's program over those
+pairs.
+
 Each update call starts from a copy of the same state (the step donates it). The batch's
 padding share (`padding_share`) and the share of slots packing removes (`packed_slot_saving`,
 what `train.pack_min_saving` weighs) are reported with it.
@@ -38,15 +43,31 @@ import numpy as np
 from benchmarks import bench_trim as trim
 from benchmarks.workloads import Workload, load_average, write_results
 
-CASES = [(10, 256), (40, 256), (1000, 64), (1000, 32)]  # (stop every n-th byte id, budget)
+# (stop every n-th byte id, budget, algorithm)
+CASES = [
+    (10, 256, "grpo"),
+    (40, 256, "grpo"),
+    (1000, 64, "grpo"),
+    (1000, 32, "grpo"),
+    (10, 256, "online_dpo"),
+]
 QUICK = Workload("tiny", 2, 2, 64)
 
 
-def _captured_step(w: Workload, stop_every: int, row_groups: int | None, run_dir: str):
+def _captured_step(
+    w: Workload, stop_every: int, row_groups: int | None, algorithm: str, run_dir: str
+):
     """The context, captured update state and batch of a packed run's third step."""
     from jaxrl_llm.runner import loop
+    from jaxrl_llm.train import preset
 
-    prepared = trim._prepare(w, True, True, run_dir, stop_every=stop_every, row_groups=row_groups)
+    alg = None
+    if algorithm != "grpo":  # as its config in configs/: the preset, advantages unscaled
+        alg = preset(algorithm)
+        alg = dataclasses.replace(alg, advantage=dataclasses.replace(alg.advantage, scale="none"))
+    prepared = trim._prepare(
+        w, True, True, run_dir, stop_every=stop_every, row_groups=row_groups, algorithm=alg
+    )
     ctx = prepared.context
     train = dataclasses.replace(ctx.config.train, pack_min_saving=0.0)  # pack every step
     ctx = ctx._replace(config=dataclasses.replace(ctx.config, train=train))
@@ -68,29 +89,39 @@ def measure(
     repeat: int,
     workload: Workload | None = None,
     row_groups: int | None = None,
+    algorithm: str = "grpo",
 ) -> dict:
     """Median seconds of the three forms' update and forward on one batch (module docstring):
-    the small model at 8 × 8 × `budget` unless `workload` is given; `row_groups` None: auto."""
+    the small model at 8 × 8 × `budget` unless `workload` is given; `row_groups` None: auto;
+    `algorithm` "online_dpo": the pairs it keeps of each prompt's samples (groups of 2)."""
     from jaxrl_llm.runner.packed_groups import (
         StepPacking,
         packed_forward,
         packed_slot_saving,
         padding_share,
     )
-    from jaxrl_llm.runner.programs import logprob_program, prompt_group_size, update_program
+    from jaxrl_llm.runner.programs import (
+        kept_rows_logprob_program,
+        logprob_program,
+        prompt_group_size,
+        update_program,
+    )
     from jaxrl_llm.runner.rollout import forward_in_row_groups
     from jaxrl_llm.train import (
         PackedSequences,
         SequenceBatch,
         group_rows_part,
+        keeps_row_subset,
         pack_groups,
         packing_part,
     )
 
     w = workload or Workload("small", 8, 8, budget)
     with tempfile.TemporaryDirectory() as tmp:
-        ctx, policy_state, state, batch = _captured_step(w, stop_every, row_groups, tmp)
+        ctx, policy_state, state, batch = _captured_step(w, stop_every, row_groups, algorithm, tmp)
     config, G, groups = ctx.config, ctx.config.group_size, ctx.update_row_groups
+    kept = keeps_row_subset(config.algorithm, G)  # online DPO's pairs: groups of 2
+    samples = G
     one_call = update_program(
         config.update_objective,
         ctx.graphs,
@@ -99,8 +130,9 @@ def measure(
         state,
         config.parallel,
         group_size=prompt_group_size(config, ctx.mesh, update=True),
-        samples_per_prompt=G,
+        samples_per_prompt=samples,
     )
+    G = 2 if kept else G
     seqs = SequenceBatch(batch.tokens, batch.attention_mask, batch.completion_mask)
     host = jax.tree.map(np.asarray, seqs)
     whole, in_parts = pack_groups(host, G), pack_groups(host, G, parts=groups)
@@ -120,6 +152,8 @@ def measure(
     group = prompt_group_size(config, ctx.mesh, update=False)
     alg = config.algorithm
     logprob = logprob_program(ctx.graphs.policy, alg.temperature, alg.chunk_size, group)
+    if kept:
+        logprob = kept_rows_logprob_program(ctx.graphs.policy, alg, group)
     params, frozen = policy_state.params["policy"], policy_state.frozen["policy"]
 
     def forward(packing):
@@ -140,7 +174,8 @@ def measure(
                 times[form]["update"].append(middle - start)
                 times[form]["forward"].append(end - middle)
     row = {
-        "workload": f"{w.name}, stop every {stop_every}",
+        "workload": f"{w.name}, stop every {stop_every}"
+        + ("" if algorithm == "grpo" else f", {algorithm} pairs"),
         "width": int(batch.completion_mask.shape[1]),
         "padding_share": round(padding_share(host, G), 3),
         "slot_saving": round(packed_slot_saving(host, G, parts=groups), 3),
@@ -166,15 +201,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeat", type=int, default=9)
     parser.add_argument("--stop-every", type=int, default=None, help="one case: this share")
     parser.add_argument("--budget", type=int, default=256, help="with --stop-every")
+    parser.add_argument("--algorithm", default="grpo", choices=["grpo", "online_dpo"])
     parser.add_argument("--quick", action="store_true", help="tiny 2 × 2 × 64, 2 row groups")
     args = parser.parse_args(argv)
-    cases = CASES if args.stop_every is None else [(args.stop_every, args.budget)]
+    cases = CASES if args.stop_every is None else [(args.stop_every, args.budget, args.algorithm)]
     kw = {}
     if args.quick:
         cases, kw = cases[:1], {"workload": QUICK, "row_groups": 2}
     results = []
-    for stop_every, budget in cases:
-        row = measure(stop_every, budget, args.repeat, **kw)
+    for stop_every, budget, algorithm in cases:
+        row = measure(stop_every, budget, args.repeat, algorithm=algorithm, **kw)
         print(json.dumps(row), flush=True)
         results.append(row)
     write_results(args.out, results)

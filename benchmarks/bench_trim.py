@@ -34,6 +34,7 @@ import dataclasses
 import json
 import statistics
 import tempfile
+from typing import Any
 
 from benchmarks.grpo_worker import run_config
 from benchmarks.workloads import Workload, load_average, write_results
@@ -54,6 +55,7 @@ def _prepare(
     *,
     stop_every: int = STOP_EVERY,
     row_groups: int | None = None,
+    algorithm: Any = None,
 ):
     from jaxrl_llm.runner import prepare_run
 
@@ -64,7 +66,7 @@ def _prepare(
         sampling=dataclasses.replace(config.sampling, stop_tokens=stops, row_groups=row_groups),
         train=dataclasses.replace(config.train, trim_completions=trim, pack_groups=pack),
         algorithm=dataclasses.replace(
-            config.algorithm,
+            algorithm or config.algorithm,
             minibatches=minibatches,
             minibatch_unit="row" if minibatches == 1 else "prompt",
         ),

@@ -96,6 +96,11 @@ def test_the_pack_forms_benchmark_times_three_forms_on_one_batch(tmp_path):
     assert row["completion_rows"]["parts"] >= row["completion_rows"]["one_call"] >= 1
     for form in ("padded", "packed_one_call", "packed"):
         assert row[form]["update"] > 0 and row[form]["forward"] > 0
+    pairs = bench_pack_forms.measure(
+        10, 64, repeat=1, workload=Workload("tiny", 2, 4, 64), algorithm="online_dpo"
+    )
+    assert pairs["completion_rows"]["one_call"] <= 4  # the 2 prompts' kept pairs: 4 rows
+    assert pairs["packed"]["update"] > 0 and pairs["packed"]["forward"] > 0
     (tmp_path / "pack_forms_cpu.json").write_text(json.dumps({"results": [row]}))
     table = report.pack_forms_table(tmp_path)
     assert table[0].startswith("### One batch padded and packed") and len(table) == 7

@@ -119,9 +119,10 @@ def measure(
     w = workload or Workload("small", 8, 8, budget)
     with tempfile.TemporaryDirectory() as tmp:
         ctx, policy_state, state, batch = _captured_step(w, stop_every, row_groups, algorithm, tmp)
-    config, G, groups = ctx.config, ctx.config.group_size, ctx.update_row_groups
-    kept = keeps_row_subset(config.algorithm, G)  # online DPO's pairs: groups of 2
-    samples = G
+    config, groups = ctx.config, ctx.update_row_groups
+    # the update batch's groups: the rollout's G samples, or online DPO's kept pairs
+    kept = keeps_row_subset(config.algorithm, config.group_size)
+    G = 2 if kept else config.group_size
     one_call = update_program(
         config.update_objective,
         ctx.graphs,
@@ -130,9 +131,8 @@ def measure(
         state,
         config.parallel,
         group_size=prompt_group_size(config, ctx.mesh, update=True),
-        samples_per_prompt=samples,
+        samples_per_prompt=config.group_size,
     )
-    G = 2 if kept else G
     seqs = SequenceBatch(batch.tokens, batch.attention_mask, batch.completion_mask)
     host = jax.tree.map(np.asarray, seqs)
     whole, in_parts = pack_groups(host, G), pack_groups(host, G, parts=groups)

@@ -118,7 +118,6 @@ def _rl_step(
     ref_after = keeps_row_subset(alg, G)  # online DPO's reference: the kept rows only
     # (online DPO with G > 2 packs the pairs it keeps, below; its other forwards stay padded)
     packing = None if ref_after else packed_groups(ctx, collected.sequences, state.key)
-    packed = None if packing is None else packing.forward
     seqs = collected.sequences
     policy_params, policy_frozen = state.params["policy"], state.frozen["policy"]
     forward_group = prompt_group_size(config, ctx.mesh, update=False)
@@ -130,10 +129,14 @@ def _rl_step(
         )
     with jax.set_mesh(ctx.mesh):
 
+        def run(fn: Any, params: Any, rows: SequenceBatch, rows_packing: Any) -> Any:
+            """A log-prob forward: the packed rows, or the padded ones, in row groups."""
+            if rows_packing is not None:
+                return packed_forward(fn, params, policy_frozen, rows, rows_packing)
+            return forward_in_row_groups(ctx, fn, params, policy_frozen, rows)
+
         def forward(params: Any) -> Any:
-            if packing is not None:  # the packed rows, in the update's row groups
-                return packed_forward(logprob, params, policy_frozen, seqs, packing)
-            return forward_in_row_groups(ctx, logprob, params, policy_frozen, seqs)
+            return run(logprob, params, seqs, packing)
 
         old = None
         if alg.needs_old_logprobs and alg.old_logprobs == "sampler":
@@ -147,7 +150,7 @@ def _rl_step(
             value_program(ctx.graphs, forward_group)(
                 state.params,
                 state.frozen,
-                seqs if packed is None else PackedSequences(seqs, packed),
+                seqs if packing is None else PackedSequences(seqs, packing.forward),
             )
             if alg.critic
             else None
@@ -167,11 +170,7 @@ def _rl_step(
             pairs = kept_rows_logprob_program(ctx.graphs.policy, alg, forward_group)
             kept = SequenceBatch(batch.tokens, batch.attention_mask, batch.completion_mask)
             packing = packed_groups(ctx, kept, state.key, group_size=2)  # the kept pairs
-            reference = reference_policy(ctx, state)
-            if packing is None:
-                ref = forward_in_row_groups(ctx, pairs, reference, policy_frozen, kept)
-            else:
-                ref = packed_forward(pairs, reference, policy_frozen, kept, packing)
+            ref = run(pairs, reference_policy(ctx, state), kept, packing)
             batch = batch._replace(ref_logp=ref)
         adv_metrics = _host(adv_metrics)
         update_start = time.perf_counter()

@@ -178,9 +178,6 @@ def pack_groups(
     N = tokens.shape[0]
     if N % G:
         raise ValueError(f"{where}: {N} rows do not form groups of group_size = {G}.")
-    B = N // G
-    if B % parts:
-        raise ValueError(f"{where}: {B} groups do not split into `parts` = {parts} micro-batches.")
     T = np.asarray(batch.completion_mask).shape[1]
     W = T if width is None else _positive_int(where, "width", width)
     _, completions = _real_tokens(batch, G, where)  # (checks each group's prompt)
@@ -190,8 +187,7 @@ def pack_groups(
             f"{where}: a completion of {max(max(g) for g in lengths)} tokens does not fit in "
             f"`width` = {W} slots."
         )
-    layouts = [np.arange(B)] if orders is None else _checked_orders(orders, B, where)
-    rows = [_micro_batch_rows(order, lengths, parts, W) for order in layouts]
+    layouts, rows = _row_layouts(lengths, parts, orders, W, where)
     rows_per_part = _rows_per_part(rows, N, parts, row_step, where)
     prompt = _prompt_rows(batch, G)
     packed = [
@@ -201,6 +197,18 @@ def pack_groups(
     if orders is None:
         return packed[0]
     return PackedGroups(*(np.stack(leaves) for leaves in zip(*packed, strict=True)))
+
+
+def _row_layouts(
+    lengths: list[list[int]], parts: int, orders: Any, width: int, where: str
+) -> tuple[list[np.ndarray], list[list[list[tuple[int, list[int]]]]]]:
+    """The groups' order in each layout (one, or one per epoch of `orders`) and, per layout,
+    each micro-batch's completion rows (`_micro_batch_rows`)."""
+    B = len(lengths)
+    if B % parts:
+        raise ValueError(f"{where}: {B} groups do not split into `parts` = {parts} micro-batches.")
+    layouts = [np.arange(B)] if orders is None else _checked_orders(orders, B, where)
+    return layouts, [_micro_batch_rows(order, lengths, parts, width) for order in layouts]
 
 
 def _rows_per_part(
@@ -240,14 +248,9 @@ def completion_row_count(
     lengths = np.asarray(lengths)
     if lengths.ndim != 2:
         raise ValueError(f"{where}: `lengths` must be [B, G], got shape {lengths.shape}.")
-    B, G = lengths.shape
     parts = _positive_int(where, "parts", parts)
-    if B % parts:
-        raise ValueError(f"{where}: {B} groups do not split into `parts` = {parts} micro-batches.")
-    listed = lengths.tolist()
-    layouts = [np.arange(B)] if orders is None else _checked_orders(orders, B, where)
-    rows = [_micro_batch_rows(order, listed, parts, width) for order in layouts]
-    return parts * _rows_per_part(rows, B * G, parts, row_step, where)
+    _, rows = _row_layouts(lengths.tolist(), parts, orders, width, where)
+    return parts * _rows_per_part(rows, lengths.size, parts, row_step, where)
 
 
 def _checked_orders(orders: Any, B: int, where: str) -> list[np.ndarray]:
@@ -536,7 +539,7 @@ def packing_part(packed: PackedGroups, j: Any, parts: int) -> PackedGroups:
 def join_group_parts(outputs: Any, group_size: int) -> Any:
     """The inverse of `group_rows_part` over all parts: the parts' outputs (a sequence of
     pytrees, part `j`'s leaves `[N/parts, ...]` rows of its groups) interleaved back into the
-    batch's `[N, ...]` order (host or device arrays; None leaves stay None).
+    batch's `[N, ...]` order (as device arrays; None leaves stay None).
 
     Examples:
       >>> x = np.arange(8)
@@ -544,10 +547,9 @@ def join_group_parts(outputs: Any, group_size: int) -> Any:
       [0, 1, 2, 3, 4, 5, 6, 7]
     """
 
-    def join(*parts: Any) -> Any:
+    def join(*parts: Any) -> jax.Array:
         n, rest = parts[0].shape[0] // group_size, parts[0].shape[1:]
-        xp = np if all(isinstance(x, np.ndarray) for x in parts) else jnp
-        stacked = xp.stack([x.reshape(n, group_size, *rest) for x in parts], axis=1)
+        stacked = jnp.stack([jnp.reshape(x, (n, group_size, *rest)) for x in parts], axis=1)
         return stacked.reshape(n * len(parts) * group_size, *rest)
 
     return jax.tree.map(join, *outputs)
@@ -569,16 +571,21 @@ def check_packing_parts(packed: PackedGroups, parts: int, *, where: str) -> None
       ValueError: demo: the packed groups were not laid out for 2 micro-batches (pack_groups(parts=2)): sequence 1's whole-batch row is 1, not row·parts + part = 1·2 + 0.
     """
     row, batch_row = np.asarray(packed.row), np.asarray(packed.batch_row)
-    G = row.shape[-1] // np.shape(packed.prompt_tokens)[-2]
-    part = (np.arange(row.shape[-1]) // G) % parts
+    if row.ndim != 1:
+        raise ValueError(
+            f"{where}: one packing (no epoch axis) is checked against its parts; got "
+            f"`packed.row` of shape {row.shape}."
+        )
+    G = row.shape[0] // np.shape(packed.prompt_tokens)[0]
+    part = (np.arange(row.shape[0]) // G) % parts
     wrong = np.flatnonzero(batch_row != row * parts + part)
-    if row.ndim != 1 or wrong.size:
-        n = int(wrong[0]) if wrong.size else 0
+    if wrong.size:
+        n = int(wrong[0])
         raise ValueError(
             f"{where}: the packed groups were not laid out for {parts} micro-batches "
             f"(pack_groups(parts={parts})): sequence {n}'s whole-batch row is "
-            f"{int(batch_row.reshape(-1)[n])}, not row·parts + part = {int(row.reshape(-1)[n])}·"
-            f"{parts} + {int(part[n])}."
+            f"{int(batch_row[n])}, not row·parts + part = {int(row[n])}·{parts} + "
+            f"{int(part[n])}."
         )
 
 

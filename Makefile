@@ -1,4 +1,5 @@
-# Two commands: `make demo` (the main job) and `make test` (lint + the whole test suite).
+# Two commands: `make demo` (the main job) and `make test` (lint + the test suite without its
+# extended cases; `make test-all` runs those too: tests/extended.py).
 # Each target creates .venv and installs the project into it when it is missing or when
 # pyproject.toml changed since the last install.
 
@@ -8,7 +9,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_WORKERS ?= 2
 
-.PHONY: demo test lint format bench clean
+.PHONY: demo test test-all lint format bench clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "jaxrl_llm needs Python >= 3.11, found " + sys.version'
@@ -25,6 +26,9 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 
 test: lint
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal -q -m "not extended"
+
+test-all: lint
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal -q
 
 format: $(STAMP)

@@ -6,7 +6,9 @@ step, the log-prob forward), so a change there must not leave `make bench` broke
 `benchmarks/bench_attention.py`'s, `benchmarks/bench_preference.py`'s,
 `benchmarks/bench_trim.py`'s and `benchmarks/bench_pack_forms.py`'s measurements and their
 report tables; and of the GPU benchmark's roofline and MFU arithmetic and its report table
-(the benchmark itself needs a GPU to mean anything). Nothing here is timed or compared.
+(the benchmark itself needs a GPU to mean anything). Nothing here is timed or compared. The
+preference and pack-forms benchmarks' smoke tests are extended cases (`make test-all`:
+tests/extended.py).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import json
 import os
 import subprocess
 import sys
+
+from tests.extended import EXTENDED
 
 WORKLOAD = {"model": "tiny", "prompts": 2, "samples": 4, "new_tokens": 16}
 
@@ -49,6 +53,7 @@ def test_the_attention_benchmark_measures_both_forms(tmp_path):
     assert table[0].startswith("### Attention in query blocks") and len(table) == 8
 
 
+@EXTENDED  # the forms it times are tested in tests/train (test_preference_shared_prompt.py)
 def test_the_preference_benchmark_measures_both_forms(tmp_path):
     from benchmarks import bench_preference, report
 
@@ -84,6 +89,7 @@ def test_the_trim_benchmark_cuts_and_packs_the_completions(tmp_path):
     assert table[-1].startswith("| tiny__2x2x64 | packed |")
 
 
+@EXTENDED  # the forms it times are tested in tests/train/test_group_packing.py and tests/runner
 def test_the_pack_forms_benchmark_times_three_forms_on_one_batch(tmp_path):
     from benchmarks import bench_pack_forms, report
     from benchmarks.workloads import Workload

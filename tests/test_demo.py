@@ -179,7 +179,6 @@ SHORT_SFT = ["train.steps=1000", "train.eval_every=0", "train.log_every=50"]
 SHORT_RL = ["train.steps=60", "train.eval_every=0", "train.log_every=10"]
 
 
-@pytest.mark.slow
 def test_shortened_demo_learns_from_the_verifier_reward(tmp_path):
     # `jaxrl-llm demo` in a subprocess that compiles as users do (`user_env`): XLA's default
     # optimisations, which pay for themselves over 1,060 steps, and its default fusion emitters

@@ -15,6 +15,7 @@ import pytest
 
 from jaxrl_llm.config import ConfigError
 from jaxrl_llm.runner import load_run_config
+from tests.extended import extended
 from tests.runner.helpers import CONFIGS
 from tests.runner.test_trim_completions import RUN, _steps, assert_same_steps
 
@@ -24,21 +25,21 @@ from tests.runner.test_trim_completions import RUN, _steps, assert_same_steps
     [
         ("grpo", ()),
         ("grpo", ("sampling.row_groups=2",)),  # updates and forwards in row groups, packed in parts
-        ("dr_grpo", ()),
-        ("gspo", ()),
-        ("dapo", ("train.max_refills=1", "algorithm.epochs=2")),
+        extended("dr_grpo", ()),
+        extended("gspo", ()),
+        extended("dapo", ("train.max_refills=1", "algorithm.epochs=2")),
         ("ppo", ()),  # a ValueModel critic, 4 epochs: old-policy and value forwards packed
-        (
+        extended(
             "ppo_value_head_adaptive_kl",
             ("algorithm.minibatches=1", "optim.accumulation_steps=1"),
         ),
         # 2 epochs × 2 shuffled minibatches × 2 accumulation steps of whole groups: one
         # packing per epoch, each micro-batch's groups in its own rows
         ("ppo_value_head_adaptive_kl", ("algorithm.minibatch_unit=prompt",)),
-        ("grpo", ("algorithm.minibatches=2", "algorithm.minibatch_unit=prompt")),
+        extended("grpo", ("algorithm.minibatches=2", "algorithm.minibatch_unit=prompt")),
         # online DPO's best and worst of 4 samples: the kept pairs packed after the choice,
         # for the reference forward and the update, in one call and in 2 row groups
-        ("online_dpo", ("sampling.num_samples=4",)),
+        extended("online_dpo", ("sampling.num_samples=4",)),
         ("online_dpo", ("sampling.num_samples=4", "sampling.row_groups=2")),
         ("online_dpo", ("sampling.num_samples=4", "algorithm.minibatches=2")),
     ],

@@ -20,6 +20,7 @@ from jaxrl_llm.runner import load_run_config, loop, prepare_run
 from jaxrl_llm.runner.completion_width import completion_width, trim_collected, trim_to_longest
 from jaxrl_llm.runner.rollout import Collected
 from jaxrl_llm.train import SequenceBatch
+from tests.extended import extended
 from tests.runner.helpers import CONFIGS, TINY
 
 T = 32
@@ -54,7 +55,7 @@ def _steps(tmp_path, name, trim, *overrides):
     ("name", "overrides"),
     [
         ("grpo", ()),
-        ("dr_grpo", ()),
+        extended("dr_grpo", ()),
         ("ppo_value_head_adaptive_kl", ()),
         ("dapo", ("train.max_refills=1",)),
     ],

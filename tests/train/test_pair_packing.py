@@ -38,10 +38,12 @@ from jaxrl_llm.train import (
     train_preference,
     update_step,
 )
+from tests.extended import split_cases
 from tests.train.helpers import tiny_policy, tiny_sliding_window_policy, tree_max_abs_diff
 from tests.train.test_preference import VOCAB
 from tests.train.test_preference_shared_prompt import (
     CASES,
+    CORE_CASES,
     assert_same_loss_metrics_and_grads,
     objective_value_and_grad,
     setup_pairs,
@@ -159,7 +161,7 @@ def test_role_mask_oracle():
     np.testing.assert_array_equal(mask[0], expected)
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("name", split_cases(sorted(CASES), CORE_CASES))
 def test_loss_metrics_and_gradients_equal_the_padded_forward(name):
     config = CASES[name]
     graphs, params, frozen, batch = _setup()

@@ -24,6 +24,7 @@ from jaxrl_llm.train import (
 )
 from jaxrl_llm.train.row_groups import make_row_group_update_step
 from sharding import MeshConfig, make_mesh
+from tests.extended import extended
 from tests.train.helpers import sequences, tree_max_abs_diff
 from tests.train.test_update import P, T, fresh_state, prepare
 
@@ -71,8 +72,10 @@ def _steps(alg, tx, groups):
     ("name", "alg", "groups"),
     [
         ("grpo-adaptive-kl", ADAPTIVE_GRPO, 2),
-        ("dapo", preset("dapo"), 2),  # token-mean over the whole batch: global counts matter
-        ("gspo", preset("gspo"), 4),  # sequence-level ratios, 4 groups of 2 rows
+        extended(
+            "dapo", preset("dapo"), 2
+        ),  # token-mean over the whole batch: global counts matter
+        extended("gspo", preset("gspo"), 4),  # sequence-level ratios, 4 groups of 2 rows
         ("dr_grpo", preset("dr_grpo"), 8),  # one row per group
         # a value head (GAE returns, clipped value loss) and a KL penalty in the reward
         ("ppo-one-epoch", dataclasses.replace(preset("ppo"), epochs=1), 2),

@@ -36,11 +36,12 @@ step, write a checkpoint, and return a summary with `interrupted` set.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import time
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -69,6 +70,7 @@ from jaxrl_llm.runner.health import (
 from jaxrl_llm.runner.models import export_policy
 from jaxrl_llm.runner.packed_groups import packed_forward, packed_groups, packing_metrics
 from jaxrl_llm.runner.preference import _preference_step, evaluate_preference
+from jaxrl_llm.runner.prefetch import BatchPrefetch
 from jaxrl_llm.runner.programs import (
     advantage_program,
     kept_rows_logprob_program,
@@ -199,15 +201,22 @@ def _rl_step(
     return state, data, metrics
 
 
-def _sft_step(
-    ctx: RunContext, state: TrainState, data: IteratorState, step: int
-) -> tuple[TrainState, IteratorState, dict[str, float]]:
-    """One supervised step on `train.prompts_per_step` (prompt, answer) pairs (packed several
-    to a row with `sft.packing`: `sft/packed_rows` and `sft/packing_fill`, the share of the
-    packed slots that hold a token)."""
-    del step
+class _SFTBatch(NamedTuple):
+    """A supervised step's host batch and what it reports."""
+
+    batch: Any  # SequenceBatch or PackedSFTBatch of NumPy arrays
+    data: IteratorState  # the data position after it
+    packing: dict[str, float]
+    tokens: float  # answer tokens in the batch
+
+
+def _sft_batch(ctx: RunContext, data: IteratorState) -> _SFTBatch:
+    """The host side of a supervised step from data position `data` (NumPy only, so that it can
+    run on the prefetch thread): the next `train.prompts_per_step` (prompt, answer) pairs,
+    cut to the longest answer with `train.trim_completions`, packed several to a row with
+    `sft.packing` (`sft/packed_rows` and `sft/packing_fill`, the share of the packed slots that
+    hold a token)."""
     task = ctx.task
-    started = time.perf_counter()
     indices, data = next_batch(
         data,
         num_examples=len(task.sft_train),
@@ -232,9 +241,27 @@ def _sft_step(
             "sft/packed_rows": float(batch.tokens.shape[0]),
             "sft/packing_fill": float(np.mean(batch.segment_ids > 0)),
         }
+    return _SFTBatch(batch, data, packing, tokens)
+
+
+def _sft_step(
+    ctx: RunContext,
+    state: TrainState,
+    data: IteratorState,
+    step: int,
+    prefetch: BatchPrefetch | None = None,
+) -> tuple[TrainState, IteratorState, dict[str, float]]:
+    """One supervised step on `train.prompts_per_step` (prompt, answer) pairs (`_sft_batch`).
+    With `prefetch`, the batch comes from it, and the next step's batch is prepared on its
+    thread while this step's update runs (`runner.prefetch`; not after the last step)."""
+    started = time.perf_counter()
+    prepared = _sft_batch(ctx, data) if prefetch is None else prefetch.take(data)
+    batch, data, packing, tokens = prepared
     batch = jax.device_put(batch, batch_sharding(ctx.mesh))
     with jax.set_mesh(ctx.mesh):
         state, metrics = ctx.update(state, batch)
+        if prefetch is not None and step < ctx.config.train.steps:
+            prefetch.start(data)
         metrics = _host(metrics)
     metrics.update(packing)
     done = time.perf_counter()
@@ -262,10 +289,18 @@ def _step_results(
         sample_key = _stream_key(ctx.config.seed, _SAMPLE_STREAM)
         yield from compiled_steps(ctx, state, data, start, steps, sample_key)
         return
-    for step in range(start + 1, steps + 1):
-        state, data, metrics = step_fn(ctx, state, data, step)
-        state = _sync_reference(ctx, state, step, metrics)
-        yield step, state, data, metrics, step
+    prefetch = None
+    if ctx.config.kind == "sft":  # the next batch prepared while the update runs
+        prefetch = BatchPrefetch(functools.partial(_sft_batch, ctx))
+        step_fn = functools.partial(step_fn, prefetch=prefetch)
+    try:
+        for step in range(start + 1, steps + 1):
+            state, data, metrics = step_fn(ctx, state, data, step)
+            state = _sync_reference(ctx, state, step, metrics)
+            yield step, state, data, metrics, step
+    finally:
+        if prefetch is not None:
+            prefetch.close()
 
 
 def _sync_reference(

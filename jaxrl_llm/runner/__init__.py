@@ -22,6 +22,7 @@
 - `compilation_cache`: JAX's persistent compilation cache (`train.compilation_cache`).
 - `faults`: fault injection points for the crash tests (inert unless `JAXRL_LLM_FAULT` is set).
 - `context`, `setup`, `loop`: `RunContext`, `prepare_run`, `run_training`, `train`.
+- `prefetch`: `BatchPrefetch`, a supervised run's next batch prepared while the update runs.
 """
 
 from jaxrl_llm.runner.compilation_cache import enable_compilation_cache
@@ -92,6 +93,7 @@ from jaxrl_llm.runner.preference import (
     load_preference_examples,
     precompute_reference,
 )
+from jaxrl_llm.runner.prefetch import BatchPrefetch
 from jaxrl_llm.runner.programs import (
     advantage_program,
     kept_rows_logprob_program,
@@ -140,6 +142,7 @@ from jaxrl_llm.runner.task import (
 from jaxrl_llm.runner.warm_start import warm_start_hash, warm_start_policy
 
 __all__ = [
+    "BatchPrefetch",
     "Collected",
     "ExportConfig",
     "GracefulStop",

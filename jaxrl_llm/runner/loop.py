@@ -255,8 +255,9 @@ def _sft_step(
     With `prefetch`, the batch comes from it, and the next step's batch is prepared on its
     thread while this step's update runs (`runner.prefetch`; not after the last step)."""
     started = time.perf_counter()
-    prepared = _sft_batch(ctx, data) if prefetch is None else prefetch.take(data)
-    batch, data, packing, tokens = prepared
+    batch, data, packing, tokens = (
+        _sft_batch(ctx, data) if prefetch is None else prefetch.take(data)
+    )
     batch = jax.device_put(batch, batch_sharding(ctx.mesh))
     with jax.set_mesh(ctx.mesh):
         state, metrics = ctx.update(state, batch)

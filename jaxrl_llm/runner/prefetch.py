@@ -63,8 +63,6 @@ class BatchPrefetch:
         return self._prepare(key)
 
     def close(self) -> None:
-        """Drop a batch still in preparation and release the thread."""
-        if self._future is not None:
-            self._future.cancel()
+        """Drop a batch still waiting to be prepared and release the thread."""
         self._key = self._future = None
         self._pool.shutdown(wait=False, cancel_futures=True)

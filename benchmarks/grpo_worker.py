@@ -128,12 +128,12 @@ def _update_batch(ctx, state, data, step):
     """The update batch of one step, built as `runner.loop._rl_step` builds it."""
     import jax
 
-    from jaxrl_llm.runner.loop import _SAMPLE_STREAM, _stream_key
+    from jaxrl_llm.runner.keys import SAMPLE_STREAM, fold_in, stream_key
     from jaxrl_llm.runner.programs import advantage_program, logprob_program
     from jaxrl_llm.runner.rollout import collect
 
     alg = ctx.config.algorithm
-    key = jax.random.fold_in(_stream_key(ctx.config.seed, _SAMPLE_STREAM), step)
+    key = fold_in(stream_key(ctx.config.seed, SAMPLE_STREAM), step)
     collected, data = collect(ctx, state, data, key)
     seqs = collected.sequences
     logprob = logprob_program(ctx.graphs.policy, alg.temperature, alg.chunk_size)
@@ -215,10 +215,10 @@ def _loop_steps(ctx, state, data, steps: int, imported: float, tally: CompileTal
 
 
 def _compiled_steps(ctx, state, data, steps: int, chunk: int, imported: float, tally) -> dict:
-    from jaxrl_llm.runner import loop
     from jaxrl_llm.runner.compiled import compiled_steps
+    from jaxrl_llm.runner.keys import SAMPLE_STREAM, stream_key
 
-    key = loop._stream_key(ctx.config.seed, loop._SAMPLE_STREAM)
+    key = stream_key(ctx.config.seed, SAMPLE_STREAM)
     total = chunk * (1 + max(3, -(-steps // chunk)))  # the first chunk compiles
     first, compile_, times, tokens = None, None, [], []
     for step, _, _, metrics, end in compiled_steps(ctx, state, data, 0, total, key):

@@ -67,6 +67,7 @@ from jaxrl_llm.runner.health import (
     divergence_message,
     nonfinite_terms,
 )
+from jaxrl_llm.runner.keys import EVAL_STREAM, SAMPLE_STREAM, fold_in, stream_key
 from jaxrl_llm.runner.models import export_policy
 from jaxrl_llm.runner.packed_groups import packed_forward, packed_groups, packing_metrics
 from jaxrl_llm.runner.preference import _preference_step, evaluate_preference
@@ -84,17 +85,12 @@ from jaxrl_llm.runner.setup import PreparedRun, prepare_run
 from jaxrl_llm.runner.signals import GracefulStop
 from jaxrl_llm.runner.task import packed_sft_batch, packing_row_unit, sft_batch
 from jaxrl_llm.train import PackedSequences, SequenceBatch, TrainState, keeps_row_subset
-from jaxrl_llm.train.shardings import batch_devices, batch_sharding
+from jaxrl_llm.train.shardings import batch_devices, place_batch
 from sharding import any_process, fetch_global, is_main_process
 
 log = logging.getLogger(__name__)
 SUMMARY_FILE = "summary.json"
 CURVES_FILE = "curves.png"
-_SAMPLE_STREAM, _EVAL_STREAM = 1, 2
-
-
-def _stream_key(seed: int, stream: int) -> jax.Array:
-    return jax.random.fold_in(jax.random.key(seed), stream)
 
 
 def _host(metrics: Mapping[str, Any]) -> dict[str, float]:
@@ -107,7 +103,7 @@ def _rl_step(
     """One RL step (module docstring); returns the new state, data position and metrics."""
     config, alg = ctx.config, ctx.config.algorithm
     started = time.perf_counter()
-    key = jax.random.fold_in(_stream_key(config.seed, _SAMPLE_STREAM), step)
+    key = fold_in(stream_key(config.seed, SAMPLE_STREAM), step)
     collected, data = collect(ctx, state, data, key)
     forward_start = time.perf_counter()
     width = collected.sequences.completion_mask.shape[1]
@@ -258,7 +254,7 @@ def _sft_step(
     batch, data, packing, tokens = (
         _sft_batch(ctx, data) if prefetch is None else prefetch.take(data)
     )
-    batch = jax.device_put(batch, batch_sharding(ctx.mesh))
+    batch = place_batch(batch, ctx.mesh)
     with jax.set_mesh(ctx.mesh):
         state, metrics = ctx.update(state, batch)
         if prefetch is not None and step < ctx.config.train.steps:
@@ -287,7 +283,7 @@ def _step_results(
     """`(step, state, data, metrics, chunk_end)` per step: one step at a time (`chunk_end` =
     `step`), or in compiled chunks of `train.compiled_iterations` (`runner.compiled`)."""
     if ctx.config.kind == "rl" and ctx.config.train.compiled_iterations is not None:
-        sample_key = _stream_key(ctx.config.seed, _SAMPLE_STREAM)
+        sample_key = stream_key(ctx.config.seed, SAMPLE_STREAM)
         yield from compiled_steps(ctx, state, data, start, steps, sample_key)
         return
     prefetch = None
@@ -342,7 +338,7 @@ def _meta(
 
 
 def _evaluation(ctx: RunContext, state: TrainState, step: int) -> dict[str, float]:
-    key = jax.random.fold_in(_stream_key(ctx.config.seed, _EVAL_STREAM), step)
+    key = fold_in(stream_key(ctx.config.seed, EVAL_STREAM), step)
     metrics = evaluate_policy(ctx, state.params["policy"], state.frozen["policy"], key)
     if ctx.config.kind == "sft":
         metrics.update(evaluate_sft(ctx, state.params["policy"], state.frozen["policy"]))

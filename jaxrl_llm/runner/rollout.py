@@ -30,6 +30,7 @@ import losses
 from jaxrl_llm.data import IteratorState, next_batch
 from jaxrl_llm.rewards import merge_reward_metrics
 from jaxrl_llm.runner.context import RunContext
+from jaxrl_llm.runner.keys import fold_in
 from jaxrl_llm.runner.programs import rollout_program
 from jaxrl_llm.runner.scoring import (
     Scores,
@@ -46,7 +47,7 @@ from jaxrl_llm.sampler.row_groups import (
     split_row_keys,
 )
 from jaxrl_llm.train import SequenceBatch
-from jaxrl_llm.train.shardings import batch_sharding
+from jaxrl_llm.train.shardings import place_batch
 from sharding import fetch_global
 
 
@@ -126,7 +127,7 @@ def run_rollout(
       >>> from jaxrl_llm.sampler import SamplingConfig
       >>> mesh = jax.make_mesh((1, 1, 1), ("data", "fsdp", "tensor"))
       >>> ctx = SimpleNamespace(sampling=SamplingConfig(row_groups=2), mesh=mesh)
-      >>> echo = lambda params, frozen, rows, key: (rows * params, jax.random.key_data(key))
+      >>> echo = jax.jit(lambda params, frozen, rows, key: (rows * params, jax.random.key_data(key)))
       >>> prompts = (np.arange(4)[:, None],)  # [B, P]: 4 prompts of 1 token
       >>> out, keys = run_rollout(ctx, echo, 10, None, prompts, jax.random.key(0), 1)
       >>> out[:, 0].tolist()  # two groups of 2 prompts
@@ -138,15 +139,14 @@ def run_rollout(
     N, T = B * num_samples, ctx.sampling.max_new_tokens
     flops = call_flops(params, N, P + T)
     groups = resolve_row_groups(ctx.sampling.row_groups, B, devices=ctx.mesh.size, flops=flops)
-    sharding = batch_sharding(ctx.mesh)
     if groups == 1:
-        arrays = jax.device_put(prompt_arrays, sharding)
+        arrays = place_batch(prompt_arrays, ctx.mesh)
         with jax.set_mesh(ctx.mesh):
             return run(params, frozen, *arrays, key)
     keys, b = split_row_keys(key, B * num_samples, groups), B // groups
 
     def call(j: int) -> Any:
-        arrays = jax.device_put(tuple(a[j * b : (j + 1) * b] for a in prompt_arrays), sharding)
+        arrays = place_batch(tuple(a[j * b : (j + 1) * b] for a in prompt_arrays), ctx.mesh)
         return run(params, frozen, *arrays, keys[j])
 
     with jax.set_mesh(ctx.mesh):
@@ -169,7 +169,8 @@ def forward_in_row_groups(
       >>> ctx = SimpleNamespace(sampling=SamplingConfig(row_groups=2), mesh=mesh,
       ...                       config=SimpleNamespace(train=TrainConfig(prompts_per_step=2)))
       >>> seqs = SequenceBatch(jnp.arange(8).reshape(4, 2), jnp.ones((4, 2)), jnp.ones((4, 1)))
-      >>> forward_in_row_groups(ctx, lambda p, f, b: b.tokens * p, 10, None, seqs).tolist()
+      >>> fn = jax.jit(lambda p, f, b: b.tokens * p)  # a compiled forward
+      >>> forward_in_row_groups(ctx, fn, 10, None, seqs).tolist()
       [[0, 10], [20, 30], [40, 50], [60, 70]]
     """
     groups = resolve_row_groups(
@@ -181,11 +182,11 @@ def forward_in_row_groups(
     if groups == 1:
         return fn(params, frozen, seqs)
     rows = seqs.tokens.shape[0] // groups
-    host, sharding = jax.device_get(seqs), batch_sharding(ctx.mesh)
+    host = jax.device_get(seqs)
 
     def call(j: int) -> Any:
         part = jax.tree.map(lambda x: x[j * rows : (j + 1) * rows], host)
-        return fn(params, frozen, jax.device_put(part, sharding))
+        return fn(params, frozen, place_batch(part, ctx.mesh))
 
     return call_in_row_groups(call, groups)
 
@@ -267,6 +268,27 @@ def _host_take(values: list[np.ndarray], rows: np.ndarray | None) -> np.ndarray:
     return joined if rows is None else joined[rows]
 
 
+@jax.jit
+def _row_arrays(
+    prompt_mask: jax.Array, completion_mask: jax.Array, valid: Any, signal: Any
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The update batch's masks and reward signal from a rollout and its host scores, in one
+    compiled call (run eagerly, the conversions were six dispatches per step):
+    `attention_mask [N, P + T]` int32, `completion_mask [N, T]` float32 with the rows whose
+    reward could not be computed (`valid` false) zeroed, `signal [N]` float32.
+
+    Examples:
+      >>> masks = _row_arrays(np.ones((2, 1), bool), np.ones((2, 2), bool),
+      ...                     np.array([True, False]), np.array([1.0, 0.0]))
+      >>> [m.tolist() for m in masks]
+      [[[1, 1, 1], [1, 1, 1]], [[1.0, 1.0], [0.0, 0.0]], [1.0, 0.0]]
+    """
+    valid = jnp.asarray(valid, jnp.float32)
+    attention_mask = jnp.concatenate([prompt_mask, completion_mask], axis=1).astype(jnp.int32)
+    completion = completion_mask.astype(jnp.float32) * valid[:, None]
+    return attention_mask, completion, jnp.asarray(signal, jnp.float32)
+
+
 def collect(
     ctx: RunContext, state: Any, data: IteratorState, key: jax.Array
 ) -> tuple[Collected, IteratorState]:
@@ -290,7 +312,7 @@ def collect(
     dynamic = config.algorithm.advantage.drop_zero_variance
     parts: list[dict[str, Any]] = []
     for refill in range(config.train.max_refills + 1 if dynamic else 1):
-        part, data = _sample_part(ctx, state, data, jax.random.fold_in(key, refill))
+        part, data = _sample_part(ctx, state, data, fold_in(key, refill))
         parts.append(part)
         if sum(int(p["keep"].sum()) for p in parts) >= B:
             break
@@ -300,12 +322,10 @@ def collect(
         *(_host_take([getattr(p["scores"], f) for p in parts], rows) for f in Scores._fields[:4]),
         metrics={},
     )
-    valid = jnp.asarray(scores.valid, jnp.float32)
-    sequences = SequenceBatch(
-        tokens=rollout.tokens,
-        attention_mask=rollout.attention_mask.astype(jnp.int32),
-        completion_mask=rollout.completion_mask.astype(jnp.float32) * valid[:, None],
+    attention_mask, completion_mask, signal = _row_arrays(
+        rollout.prompt_mask, rollout.completion_mask, scores.valid, scores.signal
     )
+    sequences = SequenceBatch(rollout.tokens, attention_mask, completion_mask)
     all_scores = Scores(
         *(np.concatenate([getattr(p["scores"], f) for p in parts]) for f in Scores._fields[:4]),
         metrics={},
@@ -328,7 +348,7 @@ def collect(
     collected = Collected(
         sequences=sequences,
         sampling_logprobs=rollout.sampling_logprobs,
-        signal=jnp.asarray(scores.signal, jnp.float32),
+        signal=signal,
         scores=scores,
         metrics=metrics,
         logprobs=rollout.logprobs,

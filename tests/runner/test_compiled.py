@@ -19,6 +19,7 @@ from jaxrl_llm.runner.compilation_cache import enable_compilation_cache
 from jaxrl_llm.runner.compiled import compiled_steps
 from jaxrl_llm.runner.config import TrainConfig
 from jaxrl_llm.runner.in_graph import in_graph_scores, rollout_metrics, task_arrays
+from jaxrl_llm.runner.keys import SAMPLE_STREAM, stream_key
 from jaxrl_llm.runner.task import prompt_batch
 from tests.runner.helpers import CONFIGS, TINY, train_records, tree_equal
 
@@ -76,7 +77,7 @@ def loop_run(tmp_path_factory):
 def _compiled_run(run_dir, K, *extra, config=GRPO):
     prepared = _prepared(run_dir, f"train.compiled_iterations={K}", *extra, config=config)
     prepared.checkpointer.close()
-    key = loop._stream_key(0, loop._SAMPLE_STREAM)
+    key = stream_key(0, SAMPLE_STREAM)
     out = list(compiled_steps(prepared.context, prepared.state, prepared.data, 0, STEPS, key))
     steps = [r[0] for r in out]
     ends = [r[4] for r in out]

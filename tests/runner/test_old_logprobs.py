@@ -11,6 +11,7 @@ import pytest
 
 from jaxrl_llm.runner import load_run_config, loop, prepare_run
 from jaxrl_llm.runner.compiled import compiled_steps
+from jaxrl_llm.runner.keys import SAMPLE_STREAM, stream_key
 from jaxrl_llm.runner.programs import logprob_program
 from jaxrl_llm.runner.rollout import collect, sampler_old_logprobs
 from jaxrl_llm.train import AlgorithmConfig
@@ -34,7 +35,7 @@ def _prepared(run_dir, source, *extra):
 def test_the_sampler_log_probs_are_the_forwards_to_rounding(tmp_path):
     prepared = _prepared(tmp_path, "sampler")
     ctx, state = prepared.context, prepared.state
-    key = jax.random.fold_in(loop._stream_key(0, loop._SAMPLE_STREAM), 1)
+    key = jax.random.fold_in(stream_key(0, SAMPLE_STREAM), 1)
     with jax.set_mesh(ctx.mesh):
         collected, _ = collect(ctx, state, prepared.data, key)
         seqs = collected.sequences
@@ -87,7 +88,7 @@ def test_two_epochs_train_as_with_the_forward_and_skip_it(tmp_path, monkeypatch)
 
 def _compiled(run_dir):
     prepared = _prepared(run_dir, "sampler", "train.compiled_iterations=2")
-    key = loop._stream_key(0, loop._SAMPLE_STREAM)
+    key = stream_key(0, SAMPLE_STREAM)
     out = list(compiled_steps(prepared.context, prepared.state, prepared.data, 0, STEPS, key))
     return _host(out[-1][1]), [_comparable(r[3]) for r in out]
 

@@ -156,6 +156,25 @@ def test_make_global_batch_on_one_device():
         make_global_batch({"z": np.float32(1.0)}, mesh)
 
 
+def test_fetch_global_on_one_process_reads_what_device_get_reads():
+    jax = dist.jax
+    tree = {
+        "scalar": jax.numpy.float32(2.5) * 2,
+        "rows": jax.numpy.arange(6, dtype=jax.numpy.int32).reshape(3, 2),
+        "key": jax.random.key(3),  # an extended dtype: device_get's own rule
+        "host": np.ones(2),
+        "number": 7,
+    }
+    got, expected = dist.fetch_global(tree), jax.device_get(tree)
+    assert got.keys() == expected.keys()
+    for name in ("scalar", "rows", "host"):
+        assert isinstance(got[name], np.ndarray)
+        assert got[name].dtype == expected[name].dtype
+        np.testing.assert_array_equal(got[name], expected[name])
+    assert got["number"] == 7
+    assert (jax.random.key_data(got["key"]) == jax.random.key_data(tree["key"])).all()
+
+
 def test_two_processes_build_one_global_batch_and_agree_on_a_reduction():
     outputs, port, _ = run_two_processes("tests.sharding.two_process_runner")
     results = [parse_result(stdout) for stdout, _ in outputs]

@@ -34,7 +34,7 @@ from jaxrl_llm.runner.programs import nll_program, rollout_program
 from jaxrl_llm.runner.rollout import in_graph_stop_ids, run_rollout
 from jaxrl_llm.runner.scoring import component_rewards
 from jaxrl_llm.runner.task import answer_fits, pad_rows, prompt_batch, sft_batch
-from jaxrl_llm.train.shardings import batch_sharding
+from jaxrl_llm.train.shardings import place_batch
 from sharding import fetch_global
 
 
@@ -177,7 +177,7 @@ def evaluate_sft(ctx: RunContext, params: Any, frozen: Any) -> dict[str, float]:
         for first in range(0, len(pairs), B):
             batch = sft_batch(ctx.task, pairs[first : first + B], ctx.config, ctx.tokenizer)
             batch = pad_rows(batch, B, ctx.tokenizer.pad_id)  # the last batch: empty rows
-            batch = jax.device_put(batch, batch_sharding(ctx.mesh))
+            batch = place_batch(batch, ctx.mesh)
             nll, count = fetch_global(run(params, frozen, batch))
             total, tokens = total + float(nll), tokens + float(count)
     return {"eval/sft/nll": total / max(tokens, 1.0), "eval/sft/tokens": tokens}

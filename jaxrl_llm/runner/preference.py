@@ -54,7 +54,7 @@ from jaxrl_llm.train import (
     precompute_reference_logprobs,
 )
 from jaxrl_llm.train.pair_packing import packing_fill
-from jaxrl_llm.train.shardings import batch_sharding
+from jaxrl_llm.train.shardings import place_batch
 from sharding import fetch_global
 
 
@@ -183,7 +183,7 @@ def precompute_reference(
                 pad_id=pad_id,
                 data_config=config.preference_data,
                 batch_size=config.train.prompts_per_step,
-                place=lambda b: jax.device_put(b, batch_sharding(mesh)),
+                place=lambda b: place_batch(b, mesh),
             )
     return tables
 
@@ -213,7 +213,7 @@ def _prepared_batch(
     if evaluation and state.reward_moments is not None:  # BCO
         shift = np.full(len(examples), float(fetch_global(state.reward_moments.mean)))
         batch = batch._replace(reward_shift=shift.astype(np.float32))
-    batch = jax.device_put(batch, batch_sharding(ctx.mesh))
+    batch = place_batch(batch, ctx.mesh)
     if config.preference is None:  # a reward model: the pairs alone
         return batch, None
     prepare = preference_prepare_program(config.preference, ctx.graphs.policy)
@@ -226,7 +226,7 @@ def _prepared_batch(
     )
     # the per-row fields prepared here (KTO's reference point, BCO's shift) are built
     # replicated: rows over the batch axes, as the update step takes them
-    return jax.device_put(batch, batch_sharding(ctx.mesh)), moments
+    return place_batch(batch, ctx.mesh), moments
 
 
 def _preference_step(

@@ -28,7 +28,7 @@ from jaxrl_llm.runner.config import RunConfig, config_hash
 from jaxrl_llm.runner.programs import update_program
 from jaxrl_llm.runner.task import TaskData, packed_sft_batch, packing_row_unit, sft_batch
 from jaxrl_llm.train import ModelGraphs, OptimConfig, SFTConfig, init_train_state, make_optimizer
-from jaxrl_llm.train.shardings import batch_devices, batch_sharding, train_state_shardings
+from jaxrl_llm.train.shardings import batch_devices, place_batch, train_state_shardings
 from sharding import place_global
 
 log = logging.getLogger(__name__)
@@ -145,7 +145,6 @@ def _train(
     step = update_program(objective, policy_graphs, optim, mesh, state, config.parallel)
     unit = packing_row_unit(1, batch_devices(mesh), config.parallel)
     position = IteratorState(seed=config.data.seed + 1, epoch=0, position=0)
-    sharding = batch_sharding(mesh)
     nll = []
     for i in range(section.steps):
         indices, position = next_batch(
@@ -159,7 +158,7 @@ def _train(
             batch = packed_sft_batch(
                 task, batch, length=section.packing_length, unit=unit, pad_id=tokenizer.pad_id
             )
-        batch = jax.device_put(batch, sharding)
+        batch = place_batch(batch, mesh)
         state, metrics = step(state, batch)
         if i == 0 or i == section.steps - 1 or (i + 1) % max(1, section.steps // 10) == 0:
             value = float(metrics["sft/nll"])

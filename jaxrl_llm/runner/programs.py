@@ -20,6 +20,7 @@ programs of the first when its shapes and settings match.
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -91,6 +92,7 @@ def _program_cache(build: Callable[..., Any]) -> Callable[..., Any]:
     """
     by_value = functools.lru_cache(maxsize=_CACHE_SIZE)(build)
     by_identity: dict[tuple[Any, ...], tuple[Any, Any]] = {}
+    lock = threading.Lock()
 
     @functools.wraps(build)
     def lookup(*args: Any, **kwargs: Any) -> Any:
@@ -99,9 +101,10 @@ def _program_cache(build: Callable[..., Any]) -> Callable[..., Any]:
         if hit is not None:
             return hit[1]
         program = by_value(*args, **kwargs)
-        if len(by_identity) >= _CACHE_SIZE:
-            by_identity.pop(next(iter(by_identity)), None)
-        by_identity[key] = ((args, kwargs), program)  # the arguments kept alive with their ids
+        with lock:  # a miss may come from several threads (row groups)
+            if len(by_identity) >= _CACHE_SIZE:
+                by_identity.pop(next(iter(by_identity)), None)
+            by_identity[key] = ((args, kwargs), program)  # the arguments kept alive: their ids
         return program
 
     return lookup

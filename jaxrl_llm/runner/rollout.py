@@ -248,18 +248,28 @@ def _sample_part(
     return part, data
 
 
+_select_kept_groups = jax.jit(losses.select_kept_groups, static_argnames="num_groups")
+
+
 def _select(parts: list[dict[str, Any]], B: int, G: int) -> tuple[np.ndarray, int]:
-    """Row indices of the first `B` kept groups over all parts (unkept ones fill up)."""
+    """Row indices of the first `B` kept groups over all parts (unkept ones fill up), from one
+    compiled call (integer work: the same indices as the eager `select_kept_groups`)."""
     keep = np.concatenate([p["keep"] for p in parts])
-    selection = losses.select_kept_groups(jnp.asarray(keep), num_groups=B)
+    selection = _select_kept_groups(keep, num_groups=B)
     groups = np.asarray(selection.indices)
     rows = (groups[:, None] * G + np.arange(G)[None, :]).reshape(-1)
     return rows, int(selection.num_kept)
 
 
 def _take(arrays: list[Any], rows: np.ndarray | None) -> Any:
+    """The parts' arrays joined along the rows, then `rows` of them (one compiled call)."""
     if rows is None:
         return arrays[0]
+    return _joined_rows(arrays, rows)
+
+
+@jax.jit
+def _joined_rows(arrays: list[Any], rows: Any) -> Any:
     return jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=0)[rows], *arrays)
 
 

@@ -40,6 +40,7 @@ from jaxrl_llm.runner.scoring import (
     reward_metrics,
 )
 from jaxrl_llm.runner.task import prompt_batch
+from jaxrl_llm.sampler import Rollout
 from jaxrl_llm.sampler.row_groups import (
     call_flops,
     call_in_row_groups,
@@ -279,24 +280,25 @@ def _host_take(values: list[np.ndarray], rows: np.ndarray | None) -> np.ndarray:
 
 
 @jax.jit
-def _row_arrays(
-    prompt_mask: jax.Array, completion_mask: jax.Array, valid: Any, signal: Any
-) -> tuple[jax.Array, jax.Array, jax.Array]:
+def _row_arrays(rollout: Rollout, valid: Any, signal: Any) -> tuple[jax.Array, ...]:
     """The update batch's masks and reward signal from a rollout and its host scores, in one
     compiled call (run eagerly, the conversions were six dispatches per step):
     `attention_mask [N, P + T]` int32, `completion_mask [N, T]` float32 with the rows whose
     reward could not be computed (`valid` false) zeroed, `signal [N]` float32.
 
     Examples:
-      >>> masks = _row_arrays(np.ones((2, 1), bool), np.ones((2, 2), bool),
-      ...                     np.array([True, False]), np.array([1.0, 0.0]))
+      >>> two = lambda shape, dtype: np.ones(shape, dtype)
+      >>> r = Rollout(two((2, 3), np.int32), two((2, 1), bool), two((2, 2), np.int32),
+      ...             two((2, 2), bool), two((2, 2), np.float32), two((2, 2), np.float32),
+      ...             two(2, np.int32), two(2, bool))
+      >>> masks = _row_arrays(r, np.array([True, False]), np.array([1.0, 0.0]))
       >>> [m.tolist() for m in masks]
       [[[1, 1, 1], [1, 1, 1]], [[1.0, 1.0], [0.0, 0.0]], [1.0, 0.0]]
     """
     valid = jnp.asarray(valid, jnp.float32)
-    attention_mask = jnp.concatenate([prompt_mask, completion_mask], axis=1).astype(jnp.int32)
-    completion = completion_mask.astype(jnp.float32) * valid[:, None]
-    return attention_mask, completion, jnp.asarray(signal, jnp.float32)
+    completion = rollout.completion_mask.astype(jnp.float32) * valid[:, None]
+    signal = jnp.asarray(signal, jnp.float32)
+    return rollout.attention_mask.astype(jnp.int32), completion, signal
 
 
 def collect(
@@ -332,9 +334,7 @@ def collect(
         *(_host_take([getattr(p["scores"], f) for p in parts], rows) for f in Scores._fields[:4]),
         metrics={},
     )
-    attention_mask, completion_mask, signal = _row_arrays(
-        rollout.prompt_mask, rollout.completion_mask, scores.valid, scores.signal
-    )
+    attention_mask, completion_mask, signal = _row_arrays(rollout, scores.valid, scores.signal)
     sequences = SequenceBatch(rollout.tokens, attention_mask, completion_mask)
     all_scores = Scores(
         *(np.concatenate([getattr(p["scores"], f) for p in parts]) for f in Scores._fields[:4]),

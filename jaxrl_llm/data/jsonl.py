@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import pathlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from jaxrl_llm.data.records import DataError, IssueLog, OnError, RecordIssue, clean_record
@@ -20,6 +20,7 @@ def read_jsonl(
     *,
     required: Sequence[str] = (),
     on_error: OnError = "fail",
+    check: Callable[[Any], dict[str, Any]] | None = None,
 ) -> tuple[list[dict[str, Any]], list[RecordIssue]]:
     """Records of a JSONL file, checked, with the list of skipped lines.
 
@@ -27,6 +28,9 @@ def read_jsonl(
       path: a local `.jsonl` file.
       required: fields every record must have (non-null text or numbers).
       on_error: `"fail"` raises `DataError` at the first bad line, `"skip"` leaves it out.
+      check: `check(value) -> record`, raising `ValueError` naming the problem, for each
+        line's JSON value (default: `clean_record(value, required)`; e.g.
+        `data.preference.check_preference_record`).
 
     Returns:
       `(records, issues)`; `issues` name the skipped lines (`"line 7"`) and why.
@@ -39,6 +43,11 @@ def read_jsonl(
       >>> records, [i.location for i in issues]
       ([{'q': '1+1', 'a': '2'}, {'q': '3+3', 'a': 6}], ['line 2'])
     """
+    if check is None:
+
+        def check(value: Any) -> dict[str, Any]:
+            return clean_record(value, required)
+
     path = pathlib.Path(path)
     if not path.is_file():
         raise DataError(f"JSONL file not found: {path}")
@@ -63,7 +72,7 @@ def read_jsonl(
                 issues.add(location, f"invalid JSON: {err.msg} (column {err.pos + 1})")
                 continue
             try:
-                records.append(clean_record(value, required))
+                records.append(check(value))
             except ValueError as err:
                 issues.add(location, str(err))
     return records, issues.finish(len(records))

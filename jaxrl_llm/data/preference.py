@@ -28,6 +28,7 @@ skip).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import pathlib
@@ -37,6 +38,7 @@ from typing import Any, Literal, NamedTuple
 import numpy as np
 
 from jaxrl_llm.config import ConfigError
+from jaxrl_llm.data.jsonl import read_jsonl
 from jaxrl_llm.data.records import DataError, IssueLog, OnError, RecordIssue, plain_value
 from jaxrl_llm.data.tasks.arithmetic import ArithmeticConfig, arithmetic_examples
 from jaxrl_llm.data.templates import TemplateConfig, render_prompt
@@ -286,34 +288,8 @@ def read_preference_jsonl(
       >>> len(records), issues
       (1, [RecordIssue(location='line 2', reason="missing field 'chosen' (the record has: prompt)")])
     """
-    path = pathlib.Path(path)
-    if not path.is_file():
-        raise DataError(f"JSONL file not found: {path}")
-    issues = IssueLog(str(path), on_error)
-    records: list[dict[str, Any]] = []
-    with path.open("rb") as f:
-        for number, raw in enumerate(f, start=1):
-            location = f"line {number}"
-            try:
-                line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
-            except UnicodeDecodeError as err:
-                issues.add(
-                    location,
-                    f"not valid UTF-8 (byte 0x{raw[err.start]:02x} at column {err.start + 1})",
-                )
-                continue
-            if not line.strip():
-                continue
-            try:
-                value = json.loads(line)
-            except json.JSONDecodeError as err:
-                issues.add(location, f"invalid JSON: {err.msg} (column {err.pos + 1})")
-                continue
-            try:
-                records.append(check_preference_record(value, unpaired=unpaired))
-            except ValueError as err:
-                issues.add(location, str(err))
-    return records, issues.finish(len(records))
+    check = functools.partial(check_preference_record, unpaired=unpaired)
+    return read_jsonl(path, on_error=on_error, check=check)
 
 
 def write_preference_jsonl(path: str | pathlib.Path, records: Sequence[Mapping[str, Any]]) -> None:

@@ -46,7 +46,24 @@ def _pad(
     return tokens, mask
 
 
-class ByteTokenizer:
+class _BatchEncoding:
+    """`batch_encode` over a tokenizer's `encode` and `pad_id`."""
+
+    def batch_encode(
+        self,
+        texts: Sequence[str],
+        *,
+        padding_side: PaddingSide = "left",
+        max_length: int | None = None,
+        add_bos: bool = True,
+        add_eos: bool = False,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """`(tokens[N, S] int32, mask[N, S] bool)`, padded with `pad_id` on `padding_side`."""
+        rows = [self.encode(t, add_bos=add_bos, add_eos=add_eos) for t in texts]
+        return _pad(rows, self.pad_id, padding_side, max_length)
+
+
+class ByteTokenizer(_BatchEncoding):
     """UTF-8 bytes as tokens: ids 0-255 are bytes, then PAD=256, BOS=257, EOS=258.
 
     Needs no files; for the built-in tasks, demos and tests. Its chat format is a plain
@@ -93,19 +110,6 @@ class ByteTokenizer:
         out.append(pending.decode("utf-8", errors="replace"))
         return "".join(out)
 
-    def batch_encode(
-        self,
-        texts: Sequence[str],
-        *,
-        padding_side: PaddingSide = "left",
-        max_length: int | None = None,
-        add_bos: bool = True,
-        add_eos: bool = False,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """`(tokens[N, S] int32, mask[N, S] bool)`, padded with `pad_id` on `padding_side`."""
-        rows = [self.encode(t, add_bos=add_bos, add_eos=add_eos) for t in texts]
-        return _pad(rows, self.pad_id, padding_side, max_length)
-
     def render(self, prompt: Prompt) -> str:
         """The prompt text: messages in the plain chat format, or a string as is."""
         if isinstance(prompt, str):
@@ -116,7 +120,7 @@ class ByteTokenizer:
         return "".join(lines) + "assistant: "
 
 
-class HFTokenizer:
+class HFTokenizer(_BatchEncoding):
     """A `transformers` tokenizer behind the same interface as `ByteTokenizer`."""
 
     def __init__(self, tokenizer: Any, *, chat_template: bool | str = False):
@@ -144,19 +148,6 @@ class HFTokenizer:
     def decode(self, ids: Sequence[int], *, skip_special: bool = True) -> str:
         """Text of `ids`."""
         return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=skip_special)
-
-    def batch_encode(
-        self,
-        texts: Sequence[str],
-        *,
-        padding_side: PaddingSide = "left",
-        max_length: int | None = None,
-        add_bos: bool = True,
-        add_eos: bool = False,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """`(tokens[N, S] int32, mask[N, S] bool)`, padded with `pad_id` on `padding_side`."""
-        rows = [self.encode(t, add_bos=add_bos, add_eos=add_eos) for t in texts]
-        return _pad(rows, self.pad_id, padding_side, max_length)
 
     def render(self, prompt: Prompt) -> str:
         """The prompt text: messages through the chat template (with the generation prompt)."""

@@ -38,14 +38,13 @@ def _check_scalar_beta(beta: Any, *, where: str) -> None:
         )
 
 
-def _side(
-    logp: Any, ref_logp: Any, valid: Any, names: tuple[str, str, str], *, where: str
-) -> tuple[Array, Array]:
-    """One side (desirable or undesirable): `(lr, v)` with `lr = π − sg(ref)`, zero off-valid."""
-    check_rank(logp, 1, names[0], where=where)
-    v = pair_valid(valid, jnp.shape(logp), where=where, name=names[2])
-    pi = pair_array(logp, names[0], v, where=where)
-    ref = pair_array(ref_logp, names[1], v, where=where, differentiable=False)
+def _side(logp: Any, ref_logp: Any, valid: Any, side: str, *, where: str) -> tuple[Array, Array]:
+    """One side (desirable `side="chosen"` or undesirable `"rejected"`, which names the
+    arguments in errors): `(lr, v)` with `lr = π − sg(ref)`, zero off-valid."""
+    check_rank(logp, 1, f"{side}_logp", where=where)
+    v = pair_valid(valid, jnp.shape(logp), where=where, name=f"{side}_valid")
+    pi = pair_array(logp, f"{side}_logp", v, where=where)
+    ref = pair_array(ref_logp, f"ref_{side}_logp", v, where=where, differentiable=False)
     return pi - ref, v
 
 
@@ -156,20 +155,8 @@ def kto_loss(
     _check_scalar_beta(beta, where=where)
     check_positive(desirable_weight, "desirable_weight", where=where, allow_zero=True)
     check_positive(undesirable_weight, "undesirable_weight", where=where, allow_zero=True)
-    lr_d, v_d = _side(
-        chosen_logp,
-        ref_chosen_logp,
-        chosen_valid,
-        ("chosen_logp", "ref_chosen_logp", "chosen_valid"),
-        where=where,
-    )
-    lr_u, v_u = _side(
-        rejected_logp,
-        ref_rejected_logp,
-        rejected_valid,
-        ("rejected_logp", "ref_rejected_logp", "rejected_valid"),
-        where=where,
-    )
+    lr_d, v_d = _side(chosen_logp, ref_chosen_logp, chosen_valid, "chosen", where=where)
+    lr_u, v_u = _side(rejected_logp, ref_rejected_logp, rejected_valid, "rejected", where=where)
     if kl is None:
         if loss_type == "kto":
             raise ValueError(
@@ -260,20 +247,8 @@ def bco_loss(
     """
     where = "bco_loss"
     _check_scalar_beta(beta, where=where)
-    lr_d, v_d = _side(
-        chosen_logp,
-        ref_chosen_logp,
-        chosen_valid,
-        ("chosen_logp", "ref_chosen_logp", "chosen_valid"),
-        where=where,
-    )
-    lr_u, v_u = _side(
-        rejected_logp,
-        ref_rejected_logp,
-        rejected_valid,
-        ("rejected_logp", "ref_rejected_logp", "rejected_valid"),
-        where=where,
-    )
+    lr_d, v_d = _side(chosen_logp, ref_chosen_logp, chosen_valid, "chosen", where=where)
+    lr_u, v_u = _side(rejected_logp, ref_rejected_logp, rejected_valid, "rejected", where=where)
     d = jax.lax.stop_gradient(check_scalar(delta, "delta", where=where))
     x_d, x_u = beta * lr_d - d, beta * lr_u - d
     loss = batch_mean(-jax.nn.log_sigmoid(x_d), v_d) + batch_mean(-jax.nn.log_sigmoid(-x_u), v_u)

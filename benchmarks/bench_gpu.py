@@ -1,7 +1,7 @@
 """GPU benchmark: decode throughput against the HBM roofline and the update step's bf16 MFU for
 a ~0.5B Qwen-shaped model with random weights.
 
-    python -m benchmarks.bench_gpu --out DIR [--bandwidth 3.35e12] [--peak-flops 989e12]
+    python -m benchmarks.bench_gpu --out DIR [--bandwidth B/s] [--peak-flops FLOP/s]
     python -m benchmarks.bench_gpu --out DIR --tiny        smoke run on any backend (CPU)
 
 Writes `DIR/bench_gpu.json` (the report, `benchmarks.report`, reads `benchmarks/results/gpu/`).
@@ -19,7 +19,8 @@ throughput is taken from the difference, so the prefill cancels:
     tokens/s  = B · (T2 − T1) / (t(T2) − t(T1))
 
 The HBM roofline is the time to read, once per decode step, every weight a step needs and the
-KV cache of the context so far, at `--bandwidth` bytes/s (default 3.35e12, H100 SXM):
+KV cache of the context so far, at `--bandwidth` bytes/s (default: the card's datasheet rate,
+`datasheet_rates`, e.g. 3.35e12 for an H100 SXM and 4.8e12 for an H200):
 
     W   = 2 · (L · M_l + V · D)                  bf16 layer matmuls + norms, and the (tied)
                                                  output projection; the input embedding is a
@@ -31,7 +32,8 @@ Update step (`jaxrl_llm.train.make_update_step` with the `grpo` preset, AdamW, f
 parameters, bf16 compute): `N = 16` sequences of `S = 512` tokens (`P = 16`, `T = 496`), the
 GRPO loss with the k3 KL term, timed as the median of `--repeat` steps after a warm-up. MFU
 uses the 6·N_params·tokens model (N_params = the matmul parameters: layers and the output
-projection; tokens = N·S) against `--peak-flops` (default 989e12, H100 SXM dense bf16):
+projection; tokens = N·S) against `--peak-flops` (default: the card's dense bf16 datasheet rate,
+e.g. 989e12 for an H100 SXM or an H200):
 
     MFU = 6 · N_params · N · S / t_step / peak
 
@@ -55,7 +57,7 @@ import json
 import pathlib
 import statistics
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -120,6 +122,72 @@ def sizes(tiny: bool) -> Sizes:
         max_position_embeddings=4096,
     )
     return Sizes(model, batch=64, prompt=128, short=32, long=160, rows=16, seq=512, completion=496)
+
+
+class Rates(NamedTuple):
+    """Datasheet rates of one accelerator: HBM bytes/s and dense bf16 FLOP/s."""
+
+    bandwidth: float
+    peak_flops: float
+    card: str
+
+
+# (substrings that must all be in `device_kind`, lower-cased; rates), most specific first:
+# NVIDIA's datasheets (dense bf16 tensor-core rate, without sparsity).
+DATASHEETS: tuple[tuple[tuple[str, ...], Rates], ...] = (
+    (("gh200",), Rates(4.0e12, 989e12, "GH200 (96 GB HBM3)")),
+    (("h200", "nvl"), Rates(4.8e12, 835e12, "H200 NVL")),
+    (("h200",), Rates(4.8e12, 989e12, "H200 SXM")),
+    (("h100", "nvl"), Rates(3.9e12, 835e12, "H100 NVL")),
+    (("h100", "pcie"), Rates(2.0e12, 756e12, "H100 PCIe")),
+    (("h100",), Rates(3.35e12, 989e12, "H100 SXM")),
+    (("a100", "40gb"), Rates(1.555e12, 312e12, "A100 40GB")),
+    (("a100", "pcie"), Rates(1.935e12, 312e12, "A100 80GB PCIe")),
+    (("a100",), Rates(2.039e12, 312e12, "A100 80GB SXM")),
+    (("b200",), Rates(8.0e12, 2250e12, "B200")),
+    (("l40s",), Rates(0.864e12, 362e12, "L40S")),
+    (("l40",), Rates(0.864e12, 181e12, "L40")),
+    (("l4",), Rates(0.3e12, 121e12, "L4")),
+)
+# the rates a run on a CPU (`--tiny`, a smoke run) reports against
+NOMINAL = next(rates for _, rates in DATASHEETS if rates.card == "H100 SXM")
+
+
+def datasheet_rates(device_kind: str) -> Rates | None:
+    """The datasheet rates of the card whose `jax.Device.device_kind` is `device_kind`, or None
+    for a card not in `DATASHEETS` (the caller then needs `--bandwidth` and `--peak-flops`).
+
+    Examples:
+      >>> datasheet_rates("NVIDIA H200").card, datasheet_rates("NVIDIA H100 80GB HBM3").card
+      ('H200 SXM', 'H100 SXM')
+      >>> datasheet_rates("NVIDIA H100 PCIe").bandwidth, datasheet_rates("Tesla T4") is None
+      (2000000000000.0, True)
+    """
+    kind = device_kind.lower()
+    for needles, rates in DATASHEETS:
+        if all(n in kind for n in needles):
+            return rates
+    return None
+
+
+def resolve_rates(device: Any, bandwidth: float | None, peak_flops: float | None) -> Rates:
+    """The rates a run reports against: the flags where given, else the card's datasheet
+    (`datasheet_rates`); on a CPU (a smoke run) the nominal H100 SXM rates. Raises
+    `ValueError` naming the card when a GPU is not in the table and a flag is missing."""
+    sheet = datasheet_rates(device.device_kind)
+    if sheet is None and device.platform != "gpu":
+        sheet = NOMINAL._replace(card=f"{NOMINAL.card}, nominal (the run is on {device.platform})")
+    if sheet is None and (bandwidth is None or peak_flops is None):
+        raise ValueError(
+            f"bench_gpu: no datasheet rates for {device.device_kind!r}; pass --bandwidth "
+            "(HBM bytes/s) and --peak-flops (dense bf16 FLOP/s)"
+        )
+    given = bandwidth is not None and peak_flops is not None
+    return Rates(
+        bandwidth if bandwidth is not None else sheet.bandwidth,
+        peak_flops if peak_flops is not None else sheet.peak_flops,
+        "given on the command line" if given else sheet.card,
+    )
 
 
 def layer_params(c: ModelConfig) -> int:
@@ -325,8 +393,8 @@ def _fractions(result: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="directory for bench_gpu.json")
-    parser.add_argument("--bandwidth", type=float, default=3.35e12, help="HBM bytes/s")
-    parser.add_argument("--peak-flops", type=float, default=989e12, help="dense bf16 FLOP/s")
+    parser.add_argument("--bandwidth", type=float, help="HBM bytes/s (default: datasheet)")
+    parser.add_argument("--peak-flops", type=float, help="dense bf16 FLOP/s (default: datasheet)")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--tiny", action="store_true", help="tiny shapes: a smoke run on CPU")
     parser.add_argument("--skip", nargs="*", default=[], choices=["ceilings", "decode", "update"])
@@ -338,6 +406,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     s = sizes(args.tiny)
     device = jax.devices()[0]
+    try:
+        rates = resolve_rates(device, args.bandwidth, args.peak_flops)
+    except ValueError as error:
+        parser.error(str(error))
     result: dict[str, Any] = {
         "device": f"{device.platform}: {device.device_kind}",
         "jax": jax.__version__,
@@ -352,7 +424,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "vocab": s.model.vocab_size,
             "matmul_params": matmul_params(s.model),
         },
-        "bandwidth": args.bandwidth,
+        "bandwidth": rates.bandwidth,
+        "peak_flops": rates.peak_flops,
+        "rates": rates.card,
     }
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -369,15 +443,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if "ceilings" not in args.skip:
         record("ceilings", ceilings(args.tiny, args.repeat))
     if "decode" not in args.skip:
-        record("decode", bench_decode(s, args.bandwidth, args.repeat, args.profile))
+        record("decode", bench_decode(s, rates.bandwidth, args.repeat, args.profile))
     if "update" not in args.skip:
-        record("update", bench_update(s, args.peak_flops, args.repeat, args.profile))
+        record("update", bench_update(s, rates.peak_flops, args.repeat, args.profile))
     if args.variants:
         variants = [
-            ("update", bench_update, args.peak_flops, v) for v in json.loads(args.update_variants)
+            ("update", bench_update, rates.peak_flops, v) for v in json.loads(args.update_variants)
         ]
         variants += [
-            ("decode", bench_decode, args.bandwidth, v) for v in json.loads(args.decode_variants)
+            ("decode", bench_decode, rates.bandwidth, v) for v in json.loads(args.decode_variants)
         ]
         for part, bench, rate, overrides in variants:
             if time.perf_counter() - started > args.budget_s:

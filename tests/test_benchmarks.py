@@ -18,6 +18,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.extended import EXTENDED
 
 WORKLOAD = {"model": "tiny", "prompts": 2, "samples": 4, "new_tokens": 16}
@@ -111,3 +113,99 @@ def test_the_pack_forms_benchmark_times_three_forms_on_one_batch(tmp_path):
     table = report.pack_forms_table(tmp_path)
     assert table[0].startswith("### One batch padded and packed") and len(table) == 7
     assert table[-1].startswith("| tiny__2x2x64, stop every 10 |")
+
+
+def test_the_gpu_benchmark_arithmetic_and_its_report(tmp_path):
+    from benchmarks import bench_gpu, report
+
+    s = bench_gpu.sizes(tiny=True)  # 2 layers, width 64, MLP 128, 4 × 16 heads, 2 KV, vocab 259
+    # per layer: q,k,v,o weights 64·16·(2·4 + 2·2), q/k/v biases 16·(4 + 2·2), MLP 3·64·128,
+    # two norms 2·64; then the final norm and the tied output projection 259·64
+    per_layer = 64 * 16 * 12 + 16 * 8 + 3 * 64 * 128 + 2 * 64
+    assert bench_gpu.matmul_params(s.model) == 2 * per_layer + 64 + 259 * 64
+    roof = bench_gpu.decode_roofline(s, bandwidth=1e9)
+    weights = 2 * bench_gpu.matmul_params(s.model)
+    kv = 2 * 2 * 2 * 2 * 16 * s.batch  # K and V, bf16, layers, KV heads, head dim, rows
+    contexts = range(s.prompt + s.short, s.prompt + s.long)
+    assert roof["roofline_s"] == sum(weights + kv * c for c in contexts) / 1e9
+    assert roof["roofline_tokens_per_s"] == s.batch * len(contexts) / roof["roofline_s"]
+
+    decode = {
+        "batch": 64,
+        "tokens_per_s": 2e4,
+        "ms_per_decode_step": 3.2,
+        "fraction_of_roofline": 0.1,
+        "compile_short_s": 1.0,
+        "compile_long_s": 2.0,
+    }
+    update = {
+        "rows": 16,
+        "seq": 512,
+        "median_s": 0.1,
+        "achieved_flops": 2e14,
+        "mfu": 0.2,
+        "compile_s": 3.0,
+        "peak_flops": 1e15,
+    }
+    result = {
+        "device": "gpu: X",
+        "bandwidth": 3e12,
+        "peak_flops": 1e15,
+        "rates": "X",
+        "decode": decode,
+        "update": update,
+        "decode_variants": [{**decode, "layer_unroll": 24, "fraction_of_roofline": 0.2}],
+        "update_variants": [
+            {**update, "fused_attention": True, "median_s": 0.05},
+            {**update, "chunk_size": 1024},
+        ],
+        "ceilings": {"bandwidth": 2e12, "bf16_matmul_flops": 5e14, "matmul_n": 8192},
+    }
+    bench_gpu._fractions(result)
+    assert abs(decode["fraction_of_measured_roofline"] - 0.15) < 1e-12  # 0.1 · 3e12 / 2e12
+    assert abs(update["mfu_of_measured_peak"] - 0.4) < 1e-12  # 2e14 / 5e14
+    (tmp_path / "gpu").mkdir()
+    (tmp_path / "gpu" / "card.json").write_text(json.dumps(result))
+    table = report.gpu_table(tmp_path)
+    assert "datasheet (X) 3 TB/s HBM and 1000 TFLOP/s dense bf16" in table[2]
+    rows = [line for line in table if line.startswith("| ")]
+    assert rows[1:] == [
+        "| decode, batch 64 (default loop) | 20000 tok/s (3.2 ms/step) | 10.0% | 15.0% "
+        "| 1.0 + 2.0 s |",
+        "| decode, batch 64, layer_unroll 24 | 20000 tok/s (3.2 ms/step) | 20.0% | 30.0% "
+        "| 1.0 + 2.0 s |",
+        "| update, 16 × 512 tokens, remat dots | 0.1 s (200 TFLOP/s) | 20.0% | 40.0% | 3.0 s |",
+        "| update, 16 × 512 tokens, remat dots, fused attention | 0.05 s (200 TFLOP/s) | 20.0% "
+        "| 40.0% | 3.0 s |",
+        "| update, 16 × 512 tokens, remat dots, vocabulary chunks of 1024 | 0.1 s (200 TFLOP/s) "
+        "| 20.0% | 40.0% | 3.0 s |",
+    ]
+
+
+def test_the_gpu_benchmark_reports_against_the_cards_datasheet():
+    from benchmarks.bench_gpu import datasheet_rates, resolve_rates
+
+    class Device:  # what `resolve_rates` reads of a `jax.Device`
+        def __init__(self, platform, device_kind):
+            self.platform, self.device_kind = platform, device_kind
+
+    h200 = resolve_rates(Device("gpu", "NVIDIA H200"), None, None)
+    assert (h200.bandwidth, h200.peak_flops, h200.card) == (4.8e12, 989e12, "H200 SXM")
+    assert datasheet_rates("NVIDIA GH200 480GB").card.startswith("GH200")  # not the H200
+    assert datasheet_rates("NVIDIA H100 80GB HBM3").bandwidth == 3.35e12
+    assert datasheet_rates("NVIDIA A100-SXM4-40GB").bandwidth == 1.555e12
+    assert (
+        datasheet_rates("NVIDIA L40S").card == "L40S" and datasheet_rates("NVIDIA L4").card == "L4"
+    )
+    one_flag = resolve_rates(Device("gpu", "NVIDIA H200"), 4e12, None)  # the other from the sheet
+    assert (one_flag.bandwidth, one_flag.peak_flops) == (4e12, 989e12)
+    given = resolve_rates(Device("gpu", "Tesla T4"), 3.2e11, 65e12)
+    assert (given.bandwidth, given.peak_flops, given.card) == (
+        3.2e11,
+        65e12,
+        "given on the command line",
+    )
+    with pytest.raises(ValueError, match=r"no datasheet rates for 'Tesla T4'.*--bandwidth"):
+        resolve_rates(Device("gpu", "Tesla T4"), None, None)
+    cpu = resolve_rates(Device("cpu", "cpu"), None, None)  # a smoke run: nominal H100 SXM rates
+    assert cpu.bandwidth == 3.35e12 and "nominal" in cpu.card

@@ -2,7 +2,8 @@
 
 Every check runs at trace time on static information (rank, shape, dtype, Python option values) and
 raises `ValueError` with a message that names the argument, what was expected and what was received.
-Nothing here inspects traced values.
+Traced values are never inspected; the value checks (`check_concrete_range`, `global_count`) look
+only at concrete inputs (an eager call), and pass traced ones through.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import Array
 from jax.sharding import PartitionSpec
 
@@ -19,6 +21,10 @@ from jax.sharding import PartitionSpec
 def check_rank(x: Any, rank: int | Sequence[int], name: str, *, where: str) -> None:
     """Raise if `x` does not have one of the allowed ranks."""
     ranks = (rank,) if isinstance(rank, int) else tuple(rank)
+    if isinstance(x, list | tuple):  # JAX takes no nested lists: name the argument
+        raise ValueError(
+            f"{where}: `{name}` must be an array (jax or numpy), got {type(x).__name__}."
+        )
     ndim = jnp.ndim(x)
     if ndim not in ranks:
         want = " or ".join(str(r) for r in ranks)
@@ -40,9 +46,19 @@ def check_same_shape(reference: Any, reference_name: str, where: str, **others: 
             )
 
 
+def _dtype(x: Any, name: str, where: str) -> Any:
+    """The dtype of an array argument; a ValueError naming it for a non-array (a nested list)."""
+    try:
+        return jnp.result_type(x)
+    except TypeError:
+        raise ValueError(
+            f"{where}: `{name}` must be an array (jax or numpy), got {type(x).__name__}."
+        ) from None
+
+
 def check_floating(x: Any, name: str, *, where: str) -> None:
     """Raise if `x` is not a floating-point array (log-probs, advantages, rewards...)."""
-    dtype = jnp.result_type(x)
+    dtype = _dtype(x, name, where)
     if not jnp.issubdtype(dtype, jnp.floating):
         raise ValueError(f"{where}: `{name}` must be a floating-point array, got dtype {dtype}.")
 
@@ -56,8 +72,12 @@ def check_choice(value: Any, allowed: Iterable[Any], name: str, *, where: str) -
 
 
 def check_positive(value: Any, name: str, *, where: str, allow_zero: bool = False) -> None:
-    """Raise if a static (Python) number is not positive. Traced values are not checked."""
-    if isinstance(value, int | float) and (value < 0 or (value == 0 and not allow_zero)):
+    """Raise if a concrete number (or every value of a concrete array) is not positive. Traced
+    values are not checked."""
+    values = concrete(value)
+    if values is None or values.dtype.kind not in "biuf" or values.size == 0:
+        return
+    if (values < 0).any() or (not allow_zero and (values == 0).any()):
         bound = ">= 0" if allow_zero else "> 0"
         raise ValueError(f"{where}: `{name}` must be {bound}, got {value!r}.")
 
@@ -71,20 +91,68 @@ def as_float32(x: Any) -> Array:
 
 
 def as_mask(mask: Any, like_shape: tuple[int, ...], name: str = "mask", *, where: str) -> Array:
-    """Validate a {0,1} mask (bool or numeric) of shape `like_shape` and return it as float32."""
-    mask = jnp.asarray(mask)
+    """Validate a {0,1} mask (bool or real numeric) of shape `like_shape` and return it as
+    float32."""
+    try:
+        mask = jnp.asarray(mask)
+    except TypeError:  # strings, objects: name the argument rather than JAX's internals
+        kind = getattr(mask, "dtype", type(mask).__name__)
+        raise ValueError(
+            f"{where}: `{name}` must be boolean or real numeric, got {kind}."
+        ) from None
     if mask.shape != tuple(like_shape):
         raise ValueError(
             f"{where}: `{name}` must have shape {tuple(like_shape)}, got {mask.shape}."
         )
-    if not (jnp.issubdtype(mask.dtype, jnp.bool_) or jnp.issubdtype(mask.dtype, jnp.number)):
-        raise ValueError(f"{where}: `{name}` must be boolean or numeric, got dtype {mask.dtype}.")
+    if jnp.issubdtype(mask.dtype, jnp.complexfloating) or not (
+        jnp.issubdtype(mask.dtype, jnp.bool_) or jnp.issubdtype(mask.dtype, jnp.number)
+    ):
+        raise ValueError(
+            f"{where}: `{name}` must be boolean or real numeric, got dtype {mask.dtype}."
+        )
     return (mask > 0).astype(jnp.float32)
+
+
+def concrete(x: Any) -> np.ndarray | None:
+    """`x` as a NumPy array when its values are known (not traced), else None."""
+    if x is None or isinstance(x, jax.core.Tracer):
+        return None
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        return None
+    return np.asarray(x)
+
+
+def check_concrete_range(
+    x: Any, name: str, *, where: str, low: float | None = None, high: float | None = None
+) -> None:
+    """Raise if a concrete `x` has a value outside `[low, high]` (traced `x`: not checked)."""
+    values = concrete(x)
+    if values is None or values.size == 0:
+        return
+    smallest, largest = values.min(), values.max()
+    if (low is not None and smallest < low) or (high is not None and largest > high):
+        bounds = f"[{'-inf' if low is None else low}, {'inf' if high is None else high}]"
+        raise ValueError(
+            f"{where}: `{name}` must lie in {bounds}, got values from {smallest} to {largest}."
+        )
+
+
+def global_count(value: Any, fallback: Array, name: str, *, where: str) -> Array:
+    """A global count (`num_tokens`, `num_seqs`) as a float32 denominator. ALGORITHMS.md §1.5
+    reads it as `count or fallback` (the local `max(count, 1)`): a count of 0 — a global batch
+    with no valid token — falls back, so such a batch gives 0, not NaN. A concrete count must be
+    a finite number ≥ 0 (ValueError otherwise); a traced one ≤ 0 falls back too (never a sign
+    flip)."""
+    values = concrete(value)
+    if values is not None and (values.size != 1 or not np.isfinite(values).all() or values < 0):
+        raise ValueError(f"{where}: `{name}` must be a finite number >= 0, got {value!r}.")
+    count = jnp.asarray(value, jnp.float32)
+    return jnp.where(count <= 0, fallback, count)
 
 
 def check_real(x: Any, name: str, *, where: str) -> None:
     """Raise unless `x` is a real numeric array (bool, integer or floating; upcast to float32)."""
-    dtype = jnp.result_type(x)
+    dtype = _dtype(x, name, where)
     if not (
         jnp.issubdtype(dtype, jnp.floating)
         or jnp.issubdtype(dtype, jnp.integer)

@@ -34,6 +34,7 @@ from losses._checks import (
     as_float32,
     as_mask,
     check_choice,
+    check_concrete_range,
     check_positive,
     check_rank,
     check_real,
@@ -588,7 +589,8 @@ def opo_advantages(
 
     `L` are the completion token counts; with equal lengths this is `group_advantages(scale=
     "none")`, and `Σ_g L_g a_g = 0` per group. Zero-variance groups get exactly 0; groups whose
-    valid lengths sum to 0 use `b = 0`. Lengths cannot be checked for sign when traced.
+    valid lengths sum to 0 use `b = 0`. Negative concrete lengths raise ValueError; traced
+    lengths cannot be checked for sign.
 
     Source: "On-Policy RL with Optimal Reward Baseline" (arXiv 2505.23585). Peer: verl `opo`
     (singleton groups get baseline 0, i.e. `singleton="raw"`).
@@ -612,6 +614,7 @@ def opo_advantages(
     check_choice(singleton, _SINGLETONS, "singleton", where=where)
     s, v = _grouped_inputs(rewards, valid, where=where)
     check_real(lengths, "lengths", where=where)
+    check_concrete_range(lengths, "lengths", where=where, low=0)
     if jnp.shape(lengths) != s.shape:
         raise ValueError(
             f"{where}: `lengths` must have the shape of `rewards` {s.shape}, "
@@ -656,8 +659,8 @@ def bnpo_advantages(
     groups get exactly 0; where the density vanishes (p at 0 or 1 with α or β > 1) the weight is
     capped at `max_weight`.
 
-    Rewards must lie in [0, 1] (`p_b` is a success probability); this cannot be checked on traced
-    values and is not checked: rewards outside [0, 1] give NaN or meaningless weights.
+    Rewards must lie in [0, 1] (`p_b` is a success probability): concrete rewards outside it raise
+    ValueError; traced ones cannot be checked, and there they give NaN or meaningless weights.
 
     Source: "BNPO: Beta Normalization Policy Optimization" (arXiv 2506.02864). No peer library.
 
@@ -686,6 +689,7 @@ def bnpo_advantages(
         check_positive(alpha, "alpha", where=where)
         check_positive(beta, "beta", where=where)
     check_positive(max_weight, "max_weight", where=where)
+    check_concrete_range(rewards, "rewards", where=where, low=0.0, high=1.0)
     s, v = _grouped_inputs(rewards, None, where=where)
     ops = _axis_ops()
     mom = _moments(s, v, ops, 0)

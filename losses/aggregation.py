@@ -28,7 +28,14 @@ import jax.numpy as jnp
 from jax import Array
 from jaxtyping import ArrayLike
 
-from losses._checks import as_float32, as_mask, check_choice, check_rank
+from losses._checks import (
+    as_float32,
+    as_mask,
+    check_choice,
+    check_positive,
+    check_rank,
+    global_count,
+)
 from losses.segments import segment_reduce
 
 AggMode = Literal[
@@ -103,17 +110,16 @@ def aggregate(
     row_sums, lengths = _sequence_sums(per_token, m, segment_ids, where)  # S_n, L_n
 
     def seq_denominator() -> Array:
+        local = jnp.maximum(jnp.sum((lengths > 0).astype(jnp.float32)), 1.0)
         if num_seqs is not None:
-            return jnp.asarray(num_seqs, jnp.float32)
-        return jnp.maximum(jnp.sum((lengths > 0).astype(jnp.float32)), 1.0)
+            return global_count(num_seqs, local, "num_seqs", where=where)
+        return local
 
     if mode == "token_mean":
         num = jnp.sum(row_sums)
-        den = (
-            jnp.asarray(num_tokens, jnp.float32)
-            if num_tokens is not None
-            else jnp.maximum(jnp.sum(lengths), 1.0)
-        )
+        den = jnp.maximum(jnp.sum(lengths), 1.0)
+        if num_tokens is not None:
+            den = global_count(num_tokens, den, "num_tokens", where=where)
     elif mode == "token_sum":
         num = jnp.sum(row_sums)
         den = jnp.ones((), jnp.float32)
@@ -125,6 +131,7 @@ def aggregate(
         den = seq_denominator()
     else:  # seq_mean_token_sum_norm
         length = per_token.shape[1] if norm_length is None else norm_length
+        check_positive(length, "norm_length", where=where)
         num = jnp.sum(row_sums)
         den = seq_denominator() * jnp.asarray(length, jnp.float32)
     if return_parts:

@@ -118,7 +118,7 @@ def clip_cov_loss(
     agg: AggMode = "token_mean",
     is_weights: ArrayLike | None = None,
     token_weights: ArrayLike | None = None,
-    log_ratio_clamp: float | None = None,
+    log_ratio_clamp: float | None = 20.0,
     num_tokens: Any = None,
     num_seqs: Any = None,
     norm_length: Any = None,
@@ -145,8 +145,9 @@ def clip_cov_loss(
     Source: "The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models"
     (arXiv 2505.22617); defaults are the paper's and verl's (`clip_cov_ratio=2e-4`, bounds
     `(1, 5)`, ε = 0.2/0.2). Peer: verl `clip_cov`, reproduced (up to the random draw) by the
-    defaults with a `key` and verl's `clip_ratio_low/high` as `clip_low/clip_high`; verl has no
-    ratio clamp, hence `log_ratio_clamp=None`.
+    defaults with a `key`, verl's `clip_ratio_low/high` as `clip_low/clip_high` and
+    `log_ratio_clamp=None` (verl has no ratio clamp; the default 20.0 is the common contract of
+    ALGORITHMS.md §5.0 and only acts where `|logp − old_logp| > 20`).
 
     Args:
       logp: `[N,T]` log-probs of the current policy (differentiable).
@@ -241,7 +242,7 @@ def kl_cov_loss(
     agg: AggMode = "token_mean",
     is_weights: ArrayLike | None = None,
     token_weights: ArrayLike | None = None,
-    log_ratio_clamp: float | None = None,
+    log_ratio_clamp: float | None = 20.0,
     num_tokens: Any = None,
     num_seqs: Any = None,
     norm_length: Any = None,
@@ -261,7 +262,7 @@ def kl_cov_loss(
     (verl: of the micro-batch), in float32.
 
     Source: "The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models"
-    (arXiv 2505.22617). Peer: verl `kl_cov` (no ratio clamp, hence `log_ratio_clamp=None`);
+    (arXiv 2505.22617). Peer: verl `kl_cov` (no ratio clamp: `log_ratio_clamp=None`);
     its shipped config is reproduced by `ppo_kl_coef=0.1`. `ppo_kl_coef` is 0.1 in that config
     and 1.0 in verl's code fallback; 1.0 is the default of DESIGN.md. `kl_cov_ratio=2e-4` is
     verl's default.

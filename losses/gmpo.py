@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from jax import Array
 from jaxtyping import ArrayLike
 
-from losses._checks import check_positive
+from losses._checks import check_positive, global_count
 from losses._policy import (
     log_ratio,
     masked_fraction,
@@ -35,8 +35,10 @@ def gmpo_loss(
     agg: str | None = None,
     is_weights: ArrayLike | None = None,
     token_weights: ArrayLike | None = None,
-    log_ratio_clamp: float | None = None,
+    log_ratio_clamp: float | None = 20.0,
     num_seqs: Any = None,
+    num_tokens: Any = None,
+    norm_length: Any = None,
 ) -> tuple[Array, dict[str, Array]]:
     """Geometric-Mean Policy Optimization loss (ALGORITHMS.md §5.6).
 
@@ -62,11 +64,12 @@ def gmpo_loss(
 
     Source: "GMPO: Geometric-Mean Policy Optimization" (arXiv 2507.20673); the default ±0.4 is the
     paper's clip range in log space (ratios in `[e^−0.4, e^0.4]`), wider than PPO's because the
-    geometric mean is robust to outlier token ratios. `log_ratio_clamp=None` by default because
-    verl's `geo_mean` does not clamp; set it (e.g. 20.0) to bound `ρ` for very off-policy batches.
+    geometric mean is robust to outlier token ratios. `log_ratio_clamp=20.0` (the common contract
+    of ALGORITHMS.md §5.0) bounds `ρ` for very off-policy batches; verl's `geo_mean` does not
+    clamp (`log_ratio_clamp=None`).
 
     Peers (reproducing keywords): verl `geo_mean` = `clip_low=clip_high=0.2` (its
-    `clip_ratio_low/high`), no clamp; TRL experimental `GMPOTrainer` = `clip_low=epsilon_low,
+    `clip_ratio_low/high`), `log_ratio_clamp=None`; TRL experimental `GMPOTrainer` = `clip_low=epsilon_low,
     clip_high=epsilon_high`, `token_weights=entropy_mask`, `num_seqs=N` (TRL averages over all
     rows; its `A = 0` tokens take the max branch, which gives the same value and gradient when
     the advantage is constant along the sequence).
@@ -85,6 +88,8 @@ def gmpo_loss(
       token_weights: `[N,T]` {0,1} selections of the tokens entering the means.
       log_ratio_clamp: bound of `|logp − old_logp|` before the clip (None: no clamp).
       num_seqs: global sequence count `D_seq` (micro-batching / multi-device).
+      num_tokens, norm_length: accepted as every policy loss accepts the keywords of
+        `aggregate`, but must be None: the loss is a mean over sequences (ValueError otherwise).
 
     Returns:
       `(loss, metrics)`: a float32 scalar and `policy/clip_frac`, `policy/clip_frac_high`
@@ -105,6 +110,12 @@ def gmpo_loss(
             f"{where}: `agg` must be None or 'seq_mean_token_mean' (GMPO is a mean over "
             f"sequences of the geometric-mean ratio), got {agg!r}."
         )
+    for name, value in (("num_tokens", num_tokens), ("norm_length", norm_length)):
+        if value is not None:
+            raise ValueError(
+                f"{where}: `{name}` does not apply (GMPO is a mean over sequences); give the "
+                f"global sequence count as `num_seqs`, got {name}={value!r}."
+            )
     check_positive(clip_low, "clip_low", where=where, allow_zero=True)
     check_positive(clip_high, "clip_high", where=where, allow_zero=True)
     if log_ratio_clamp is not None:
@@ -137,7 +148,9 @@ def gmpo_loss(
 
     seq_valid = jnp.sum(inputs.mask, axis=1) > 0
     n_valid = jnp.maximum(jnp.sum(seq_valid.astype(jnp.float32)), 1.0)
-    d_seq = n_valid if num_seqs is None else jnp.asarray(num_seqs, jnp.float32)
+    d_seq = (
+        n_valid if num_seqs is None else global_count(num_seqs, n_valid, "num_seqs", where=where)
+    )
     loss = jnp.sum(jnp.where(seq_valid, -adv_mean * rho, 0.0)) / d_seq
 
     high = (adv > 0) & (logr > clip_high)

@@ -25,6 +25,7 @@ from losses._checks import (
     check_rank,
     check_real,
     check_same_shape,
+    global_count,
 )
 from losses._policy import (
     prepare_policy_inputs,
@@ -63,10 +64,11 @@ def _sequence_inputs(
     return out, v
 
 
-def _seq_denominator(v: Array, num_seqs: Any) -> Array:
+def _seq_denominator(v: Array, num_seqs: Any, where: str) -> Array:
+    local = jnp.maximum(jnp.sum(v), 1.0)
     if num_seqs is not None:
-        return jnp.asarray(num_seqs, jnp.float32)
-    return jnp.maximum(jnp.sum(v), 1.0)
+        return global_count(num_seqs, local, "num_seqs", where=where)
+    return local
 
 
 def mirror_descent_loss(
@@ -139,7 +141,7 @@ def mirror_descent_loss(
     )
     log_ratio = x["seq_logp"] - x["seq_old_logp"]
     residual = jnp.where(v > 0, r - baseline - tau * log_ratio, 0.0)
-    den = _seq_denominator(v, num_seqs)
+    den = _seq_denominator(v, num_seqs, where)
     loss = jnp.sum(residual**2) / den
     count = jnp.maximum(jnp.sum(v), 1.0)
     metrics = {
@@ -218,7 +220,7 @@ def alol_loss(
     weight = jnp.clip(ratio, 1.0 - clip, 1.0 + clip)
     keep = (v > 0) & (adv > 0)
     per_seq = jnp.where(keep, -adv * weight * x["seq_logp"], 0.0)
-    loss = jnp.sum(per_seq) / _seq_denominator(v, num_seqs)
+    loss = jnp.sum(per_seq) / _seq_denominator(v, num_seqs, where)
 
     n_keep = jnp.maximum(jnp.sum(keep.astype(jnp.float32)), 1.0)
     metrics = {

@@ -27,6 +27,7 @@ from losses._checks import (
     check_rank,
     check_real,
     check_same_shape,
+    global_count,
 )
 from losses._policy import stop_gradient_metrics
 from losses.aggregation import AGG_MODES, AggMode, aggregate
@@ -110,7 +111,7 @@ def progress_attribution_loss(
     R = _sg(_zero_outside(as_float32(returns), rows))
     residual = _zero_outside(jnp.sum(c, axis=1) - R, rows)
     count = jnp.maximum(jnp.sum(rows.astype(jnp.float32)), 1.0)
-    den = count if num_seqs is None else jnp.asarray(num_seqs, jnp.float32)
+    den = count if num_seqs is None else global_count(num_seqs, count, "num_seqs", where=where)
     loss = jnp.sum(residual**2) / den
     metrics = {
         "rm/progress_abs_error": jnp.sum(jnp.abs(residual)) / count,

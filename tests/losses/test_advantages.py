@@ -733,6 +733,13 @@ def test_bad_options_raise():
         bnpo_advantages(s, alpha=2.0, beta=-1.0)
     with pytest.raises(ValueError, match="`min_std` must be >= 0"):
         zero_variance_mask(s, min_std=-0.1)
+    # value ranges, checked on concrete inputs (traced ones cannot be)
+    with pytest.raises(ValueError, match=r"bnpo_advantages: `rewards` must lie in \[0.0, 1.0\]"):
+        bnpo_advantages(jnp.array([[2.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, -1.0]]))
+    with pytest.raises(ValueError, match=r"opo_advantages: `lengths` must lie in \[0, inf\]"):
+        opo_advantages(jnp.array([[0.2, 0.5, 0.9]]), jnp.array([[1, -1, 2]]))
+    traced = jax.jit(lambda r: bnpo_advantages(r, alpha=2.0, beta=3.0))
+    assert traced(jnp.array([[1.0, 0.0, 0.0, 1.0]])).shape == (1, 4)
 
 
 def test_bad_shapes_raise():

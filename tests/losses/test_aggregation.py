@@ -109,6 +109,39 @@ def test_bad_input_errors_name_the_problem():
         losses.aggregate(jnp.ones((2,)), jnp.ones((2,)))
     with pytest.raises(ValueError, match="`mask` must have shape"):
         losses.aggregate(jnp.ones((2, 3)), jnp.ones((2, 2)))
+    with pytest.raises(
+        ValueError, match="`mask` must be boolean or real numeric, got dtype complex64"
+    ):
+        losses.aggregate(jnp.ones((2, 2)), jnp.ones((2, 2), jnp.complex64))
+    with pytest.raises(ValueError, match="`mask` must be boolean or real numeric, got <U1"):
+        losses.aggregate(jnp.ones((1, 2)), np.array([["a", "b"]]))
+    with pytest.raises(ValueError, match=r"`per_token` must be an array .*, got list"):
+        losses.aggregate([[1.0, 2.0]], jnp.ones((1, 2)))
+    with pytest.raises(ValueError, match="`num_tokens` must be a finite number >= 0, got -4"):
+        losses.aggregate(jnp.ones((2, 2)), jnp.ones((2, 2)), num_tokens=-4)
+    with pytest.raises(ValueError, match="`num_seqs` must be a finite number >= 0"):
+        losses.aggregate(
+            jnp.ones((2, 2)), jnp.ones((2, 2)), mode="seq_mean_token_sum", num_seqs=np.nan
+        )
+    with pytest.raises(ValueError, match="`norm_length` must be > 0, got 0"):
+        losses.aggregate(
+            jnp.ones((2, 2)), jnp.ones((2, 2)), mode="seq_mean_token_sum_norm", norm_length=0
+        )
+
+
+@pytest.mark.parametrize("mode", ["token_mean", "seq_mean_token_sum", "seq_mean_token_mean"])
+def test_a_global_count_of_zero_falls_back_to_the_local_count(mode):
+    # §1.5: D_tok = num_tokens or max(Σm, 1) (and D_seq likewise): a global batch without a valid
+    # token gives 0, not NaN; a traced count <= 0 falls back too instead of flipping the sign
+    l = np.array([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], np.float32)
+    m = np.array([[1, 1, 0], [1, 0, 0]], np.float32)
+    key = "num_tokens" if mode == "token_mean" else "num_seqs"
+    local = float(losses.aggregate(l, m, mode=mode))
+    assert float(losses.aggregate(l, m, mode=mode, **{key: 0})) == local
+    assert float(losses.aggregate(l, np.zeros_like(m), mode=mode, **{key: 0})) == 0.0
+    traced = jax.jit(lambda n: losses.aggregate(l, m, mode=mode, **{key: n}))
+    assert float(traced(-4.0)) == local and float(traced(0.0)) == local
+    assert float(traced(2.0)) == float(losses.aggregate(l, m, mode=mode, **{key: 2.0}))
 
 
 def _pack(rng, loss, mask, lengths, row_length):

@@ -302,6 +302,19 @@ def test_nan_outside_mask_does_not_leak(which):
     assert_nan_safe(fn, (lp, old, adv, mask), mask, rng, planted=(0, 1, 2))
 
 
+def test_the_log_ratio_is_clamped_at_20_by_default():
+    # ALGORITHMS.md §5.0: log_ratio_clamp=20.0; verl (no clamp) is log_ratio_clamp=None
+    import inspect
+
+    for fn in (clip_cov_loss, kl_cov_loss):
+        assert inspect.signature(fn).parameters["log_ratio_clamp"].default == 20.0
+    lp, old = jnp.array([[25.0, 0.0]]), jnp.zeros((1, 2))
+    adv, m = -jnp.ones((1, 2)), jnp.ones((1, 2))
+    loss = float(kl_cov_loss(lp, old, adv, m, kl_cov_ratio=1e-4)[0])
+    assert loss == float(kl_cov_loss(lp, old, adv, m, kl_cov_ratio=1e-4, log_ratio_clamp=20.0)[0])
+    assert loss != float(kl_cov_loss(lp, old, adv, m, kl_cov_ratio=1e-4, log_ratio_clamp=None)[0])
+
+
 def test_bad_input_errors_name_the_problem():
     lp = jnp.zeros((2, 3))
     m = jnp.ones((2, 3))

@@ -342,3 +342,21 @@ def test_bad_input_errors_name_the_problem():
         _trace(lp, lp, lp, m, token_weights=jnp.ones((1, 4)))
     with pytest.raises(ValueError, match="gmpo_loss: `mask` must have shape"):
         _trace(lp, lp, lp, jnp.ones((3, 5)))
+    # the aggregation keywords every policy loss takes (DESIGN.md), refused by name: a mean over
+    # sequences has no token count or length constant
+    with pytest.raises(ValueError, match=r"gmpo_loss: `num_tokens` does not apply .*`num_seqs`"):
+        gmpo_loss(lp, lp, lp, m, num_tokens=12)
+    with pytest.raises(ValueError, match="gmpo_loss: `norm_length` does not apply"):
+        gmpo_loss(lp, lp, lp, m, norm_length=4)
+    assert float(gmpo_loss(lp, lp, lp, m, num_tokens=None, norm_length=None)[0]) == 0.0
+
+
+def test_the_log_ratio_is_clamped_at_20_by_default():
+    # ALGORITHMS.md §5.0: log_ratio_clamp=20.0 (verl's geo_mean, no clamp, is log_ratio_clamp=None)
+    old = jnp.zeros((1, 2))
+    logp = jnp.array([[30.0, 0.0]])  # a negative advantage keeps the unclipped log-ratio
+    adv, m = -jnp.ones((1, 2)), jnp.ones((1, 2))
+    default = float(gmpo_loss(logp, old, adv, m)[0])
+    assert default == float(gmpo_loss(logp, old, adv, m, log_ratio_clamp=20.0)[0])
+    assert_close(default, np.exp((20.0 + 0.0) / 2))  # −Ā·ρ with Ā = −1, ρ = exp(mean(20, 0))
+    assert float(gmpo_loss(logp, old, adv, m, log_ratio_clamp=None)[0]) > 1e6

@@ -1,7 +1,8 @@
 """`jaxrl-llm` command line.
 
     jaxrl-llm train CONFIG.yaml [key.sub=value ...] [--resume] [--run-dir DIR]
-    jaxrl-llm eval CONFIG.yaml [key.sub=value ...] [--checkpoint STEP|latest|none] [--run-dir DIR]
+    jaxrl-llm eval CONFIG.yaml [key.sub=value ...] [--checkpoint STEP|latest|none] [--prompts N]
+        [--run-dir DIR]
     jaxrl-llm plan MODEL [--mesh D,F,T | --devices N] ...
     jaxrl-llm demo [--run-dir DIR] [--fresh] [--sft KEY=VALUE ...] [--rl KEY=VALUE ...]
     jaxrl-llm convert CHECKPOINT [--out DIR] | sample CHECKPOINT --prompt TEXT

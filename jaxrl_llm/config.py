@@ -31,7 +31,13 @@ def load_yaml(path: str | pathlib.Path) -> dict[str, Any]:
     path = pathlib.Path(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
-    data = yaml.safe_load(path.read_text()) or {}
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as error:  # one line: where the YAML breaks and why
+        mark = getattr(error, "problem_mark", None)
+        at = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        raise ConfigError(f"{path}:{at}: not valid YAML ({problem}).") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping, got {type(data).__name__}.")
     return data
@@ -74,6 +80,10 @@ def build(cls: type[T], data: Any, *, path: str = "") -> T:
         return cls(**kwargs)
     except TypeError as err:  # a required field is missing
         raise ConfigError(f"{path or cls.__name__}: {err}") from None
+    except ValueError as err:  # the dataclass's own checks: name the key path they came from
+        if not path or str(err).startswith(path):
+            raise
+        raise ConfigError(f"{path}: {err}") from None
 
 
 def _convert(annotation: Any, value: Any, path: str) -> Any:

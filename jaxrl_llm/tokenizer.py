@@ -161,6 +161,18 @@ class HFTokenizer(_BatchEncoding):
         )
 
 
+# the files one of which a `transformers` tokenizer directory holds
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.json",
+    "vocab.txt",
+    "tokenizer.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+)
+
+
 def load_tokenizer(
     path: str | pathlib.Path, *, chat_template: bool | str = False
 ) -> ByteTokenizer | HFTokenizer:
@@ -182,6 +194,13 @@ def load_tokenizer(
     path = pathlib.Path(path)
     if not path.is_dir():
         raise ValueError(f"tokenizer path {path} is not a local directory (nor 'byte').")
+    if not any((path / name).is_file() for name in _TOKENIZER_FILES):
+        # transformers would build an empty tokenizer that encodes every text to no tokens
+        raise ValueError(
+            f"no tokenizer files in {path} (none of {', '.join(_TOKENIZER_FILES)}); a run's "
+            "export holds them only when the run used a transformers tokenizer: give the "
+            "tokenizer the model was trained with (`tokenizer.path`, `--tokenizer`), e.g. 'byte'."
+        )
     import transformers
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)

@@ -15,6 +15,10 @@ class Inner:
     size: int
     scale: float = 1.0
 
+    def __post_init__(self):
+        if self.scale < 0:
+            raise ValueError(f"Inner: `scale` must be >= 0, got {self.scale}.")
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Outer:
@@ -49,6 +53,9 @@ def test_builds_nested_values_and_converts_ints_to_floats():
         ({"items": {"size": 1}}, "items: expected a list"),
         ({"items": [{"size": True}]}, "items[0].size: expected an integer, got True"),
         ({"inner": {}}, "missing 1 required keyword-only argument: 'size'"),
+        # a nested dataclass's own check, prefixed with its key path
+        ({"inner": {"size": 1, "scale": -1}}, "inner: Inner: `scale` must be >= 0, got -1.0."),
+        ({"items": [{"size": 1}, {"size": 1, "scale": -2}]}, "items[1]: Inner: `scale` must"),
     ],
 )
 def test_bad_values_fail_with_the_key_path(data, message):
@@ -64,3 +71,13 @@ def test_load_yaml_errors(tmp_path):
     path.write_text("- 1\n- 2\n")
     with pytest.raises(ConfigError, match="top level must be a mapping"):
         load_yaml(path)
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("model:\n  init: {family: qwen3\ntrain: [\n")
+    with pytest.raises(
+        ConfigError, match=r"broken.yaml: line 3, column 6: not valid YAML \(expected"
+    ):
+        load_yaml(broken)
+    tab = tmp_path / "tab.yaml"
+    tab.write_text("train:\n\tsteps: 3\n")
+    with pytest.raises(ConfigError, match=r"tab.yaml: line 2, column 1: not valid YAML \(found"):
+        load_yaml(tab)

@@ -78,3 +78,9 @@ def test_tokenizer_errors(tmp_path):
         load_tokenizer(tmp_path / "missing")
     with pytest.raises(ValueError, match="fixed chat format"):
         load_tokenizer("byte", chat_template="{{ x }}")
+    # a model directory without tokenizer files (a byte-tokenizer run's export): transformers
+    # would build an empty tokenizer that encodes every text to no token
+    (tmp_path / "export").mkdir()
+    (tmp_path / "export" / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"no tokenizer files in .*export .*e\.g\. 'byte'"):
+        load_tokenizer(tmp_path / "export")

@@ -38,7 +38,14 @@ def _prompt_rows(prompt_tokens: Any, prompt_mask: Any, vocab_size: int) -> list[
         and isinstance(prompt_tokens, Sequence)
         and not isinstance(prompt_tokens, str)
     ):
-        rows = [[int(t) for t in row] for row in prompt_tokens]
+        try:
+            rows = [[int(t) for t in row] for row in prompt_tokens]
+        except (TypeError, ValueError):
+            raise ValueError(
+                "generate: `prompt_tokens` must be token ids (a list of token-id lists or an "
+                f"integer array [B, P]), got {prompt_tokens!r:.80}; encode texts with the "
+                "tokenizer first."
+            ) from None
     else:
         tokens = np.asarray(prompt_tokens)
         mask = np.ones(tokens.shape, bool) if prompt_mask is None else np.asarray(prompt_mask)
@@ -172,6 +179,19 @@ def generate(
     )
     if pad_id is None:
         pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+    if isinstance(pad_id, int) and not 0 <= pad_id < vocab:  # it also left-pads the prompts
+        raise ValueError(
+            f"generate: `pad_id` must be a token of the model's vocabulary [0, {vocab}), "
+            f"got {pad_id}."
+        )
+    outside = [t for t in stops if not 0 <= t < vocab]
+    if outside:
+        raise ValueError(
+            f"generate: `stop_tokens` must be tokens of the model's vocabulary [0, {vocab}), "
+            f"got {outside}."
+        )
+    if isinstance(stop_strings, str):  # one stop string, not its characters
+        stop_strings = (stop_strings,)
     config = SamplingConfig(
         max_new_tokens=T,
         temperature=temperature,

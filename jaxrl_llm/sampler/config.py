@@ -13,6 +13,8 @@ import math
 
 from jaxrl_llm.sampler.stop_strings import StopStringTable, cached_stop_string_table
 
+MIN_TEMPERATURE = 1e-6  # positive temperatures below it overflow float32 logits (use 0: greedy)
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SamplingConfig:
@@ -33,7 +35,8 @@ class SamplingConfig:
 
     Attributes:
       max_new_tokens: global completion budget T (static; per-row budgets may be smaller).
-      temperature: τ >= 0; 0 means greedy.
+      temperature: τ >= 0; 0 means greedy. A positive τ below 1e-6 (`MIN_TEMPERATURE`) is
+        refused: `logits / τ` would overflow float32, and decoding is greedy there anyway.
       top_k: None (off) or k >= 1.
       top_p: None (off) or 0 < p <= 1.
       min_p: None (off) or 0 <= min_p <= 1.
@@ -178,6 +181,11 @@ class SamplingConfig:
             raise ValueError(
                 f"SamplingConfig: `temperature` must be a finite number >= 0 (0 = greedy), "
                 f"got {self.temperature!r}."
+            )
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            raise ValueError(
+                f"SamplingConfig: `temperature` {self.temperature!r} is below {MIN_TEMPERATURE}: "
+                "the logits divided by it overflow float32; use 0 (greedy decoding)."
             )
         if self.top_p is not None and not (_is_number(self.top_p) and 0 < self.top_p <= 1):
             raise ValueError(

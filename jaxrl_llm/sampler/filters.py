@@ -65,6 +65,9 @@ def filter_logits(
       Array([[1, 1, 0, 0]], dtype=int32)
       >>> jnp.isfinite(filter_logits(z, min_p=0.2)).astype(int)
       Array([[1, 1, 1, 0]], dtype=int32)
+      >>> tied = jnp.array([[2.0, 0.0, 0.0, 0.0]])  # top-k keeps the three ties of its 2nd value
+      >>> jnp.isfinite(filter_logits(tied, top_k=2, top_p=0.85)).astype(int)
+      Array([[1, 1, 1, 1]], dtype=int32)
     """
     if scaled.ndim != 2:
         raise ValueError(f"filter_logits: `scaled` must be [N, V], got shape {scaled.shape}.")
@@ -76,7 +79,9 @@ def filter_logits(
         scaled = jnp.where(scaled >= top_values[:, -1:], scaled, neg_inf)
     if top_p is not None and top_p < 1.0:
         ordered = top_values if top_values is not None else -jnp.sort(-scaled, axis=-1)
-        probs = jax.nn.softmax(ordered, axis=-1)
+        # normalised over every survivor of top-k: tokens tied with the k-th value survive too
+        # and sit after `ordered`'s entries in the order, so the mass before those is exact
+        probs = jnp.exp(ordered - jax.nn.logsumexp(scaled, axis=-1, keepdims=True))
         mass_before = jnp.cumsum(probs, axis=-1) - probs
         count = jnp.maximum(jnp.sum(mass_before < top_p, axis=-1, keepdims=True), 1)
         cutoff = jnp.take_along_axis(ordered, count - 1, axis=-1)

@@ -35,6 +35,18 @@ def test_filter_keeps_exactly_the_reference_support(setting):
     np.testing.assert_array_equal(kept, want)
 
 
+@pytest.mark.parametrize("top_k", [1, 2, 3, 5])
+def test_each_filter_acts_on_what_the_previous_one_kept_even_with_ties(top_k):
+    # small-integer logits tie often, so top-k keeps more than k tokens; top-p must then measure
+    # the mass over all of them (as if applied to top-k's output), and min-p after both
+    z = jnp.asarray(np.random.default_rng(3).integers(-2, 3, size=(200, V)).astype(np.float32))
+    for top_p, min_p in ((0.5, None), (0.85, None), (0.7, 0.3)):
+        chained = filter_logits(filter_logits(z, top_k=top_k), top_p=top_p)
+        chained = filter_logits(chained, min_p=min_p) if min_p else chained
+        joint = filter_logits(z, top_k=top_k, top_p=top_p, min_p=min_p)
+        np.testing.assert_array_equal(np.isfinite(joint), np.isfinite(chained))
+
+
 def test_filter_no_ops_and_bad_rank():
     z = jnp.asarray(_logits(3))
     for kw in (dict(top_k=V), dict(top_k=V + 5), dict(top_p=1.0), dict(min_p=0.0), {}):

@@ -283,6 +283,19 @@ def test_bad_inputs_raise_clear_errors():
         )
     with pytest.raises(ValueError, match="`top_p` must be in"):
         generate(m, [[1]], max_new_tokens=2, key=key, top_p=0.0)
+    # the padding id also left-pads the prompts: outside the vocabulary it would NaN the forward
+    with pytest.raises(
+        ValueError, match=r"`pad_id` must be a token of the model's vocabulary \[0, 13\), got 13"
+    ):
+        generate(m, [[1], [2, 3]], max_new_tokens=2, key=key, pad_id=13)
+    with pytest.raises(
+        ValueError, match=r"`stop_tokens` must be tokens of .*\[0, 13\), got \[99\]"
+    ):
+        generate(m, [[1]], max_new_tokens=2, key=key, stop_tokens=[2, 99])
+    with pytest.raises(ValueError, match=r"`prompt_tokens` must be token ids .*encode texts"):
+        generate(m, ["hello"], max_new_tokens=2, key=key)
+    with pytest.raises(ValueError, match=r"`temperature` 1e-38 is below 1e-06.*use 0"):
+        generate(m, [[1]], max_new_tokens=2, key=key, temperature=1e-38)
     graphdef, state = nnx.split(m)
     with pytest.raises(ValueError, match=r"`prompt_tokens` must be an integer array \[B, P\]"):
         sample_tokens(

@@ -93,6 +93,10 @@ def test_generate_stops_at_the_first_token_that_completes_a_string():
             assert lengths[n] == first and not bool(stopped.truncated[n]), (n, first)
             stops += 1
     assert 0 < stops < len(tokens)
+    # a plain string is one stop string, not its characters
+    one = generate(model, prompts, stop_tokens=[], stop_strings="xy", tokenizer=tok, **common)
+    listed = generate(model, prompts, stop_tokens=[], stop_strings=["xy"], tokenizer=tok, **common)
+    np.testing.assert_array_equal(np.asarray(one.lengths), np.asarray(listed.lengths))
 
 
 def _trained_tokenizer(kind: str):

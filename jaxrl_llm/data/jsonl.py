@@ -71,6 +71,9 @@ def read_jsonl(
             except json.JSONDecodeError as err:
                 issues.add(location, f"invalid JSON: {err.msg} (column {err.pos + 1})")
                 continue
+            except RecursionError:
+                issues.add(location, "invalid JSON: nested too deeply to read")
+                continue
             try:
                 records.append(check(value))
             except ValueError as err:

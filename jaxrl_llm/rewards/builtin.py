@@ -27,6 +27,9 @@ from jaxrl_llm.rewards.verifiers import (
     ExtractMethod,
     answers_match,
     extract_answer,
+    extract_boxed,
+    extract_hash_answer,
+    extract_tag,
     follows_tag_format,
 )
 from losses.length_rewards import overlong_penalty
@@ -62,14 +65,18 @@ def math_answer(
 ) -> list[float]:
     """1.0 where the completion's final answer equals the reference answer, else 0.0.
 
-    Both sides go through `extract_answer` (`\\boxed{}` → GSM8K `####` → `<answer>` → last
-    number, by default), then `answers_match` (exact rational comparison when both are numbers,
-    normalised text otherwise). A reference without any marker is used whole.
+    The completion goes through `extract_answer` (`\\boxed{}` → GSM8K `####` → `<answer>` →
+    last number, by default), then `answers_match` (exact rational comparison when both are
+    numbers, normalised text otherwise). The reference, with `reference_extract="auto"`, is its
+    last marker's content (`\\boxed{}`, `####`, `<answer>`) or, without a marker, used whole:
+    a MATH-style answer column (`1/2`, `\\frac{1}{2}`, `(3, 4)`) is not cut to its last number.
 
     Examples:
       >>> math_answer(["q"] * 3, [r"so \\boxed{18}", "it is 17", "no idea"],
       ...             answer=["Janet... #### 18"] * 3)
       [1.0, 0.0, 0.0]
+      >>> math_answer(["q"] * 3, [r"\\boxed{0.5}", "so 1/2", "2"], answer=["1/2"] * 3)
+      [1.0, 1.0, 0.0]
     """
     where = "math_answer"
     _check_method(extract, "extract", where)
@@ -78,9 +85,20 @@ def math_answer(
     out = []
     for completion, ref in zip(completions, refs, strict=True):
         ref = str(ref)
-        target = extract_answer(ref, reference_extract) or ref.strip()
+        target = _reference_answer(ref, reference_extract)
         out.append(float(answers_match(extract_answer(completion, extract), target)))
     return out
+
+
+def _reference_answer(reference: str, method: ExtractMethod) -> str:
+    """The answer a reference states: with "auto" its last marker's content, else whole."""
+    if method == "auto":
+        for extractor in (extract_boxed, extract_hash_answer, extract_tag):
+            found = extractor(reference)
+            if found is not None:
+                return found
+        return reference.strip()
+    return extract_answer(reference, method) or reference.strip()
 
 
 def exact_match(

@@ -10,7 +10,7 @@ per-call timeout), checks what it returns, and applies one failure policy:
 | `wrong_length` | the output is not one value per completion (every row fails) |
 | `wrong_type` | the output is not a sequence of numbers (whole call), or one entry is not a number (that row) |
 | `none` | an entry is None |
-| `nonfinite` | an entry is NaN or ±inf |
+| `nonfinite` | an entry is NaN or ±inf, or beyond float32's range (±3.4e38) |
 
 Policies (`on_failure`):
 
@@ -187,7 +187,12 @@ def _entry_value(entry: Any) -> tuple[float | None, str, str]:
     value = float(entry)
     if not math.isfinite(value):
         return None, "nonfinite", f"returned {value}"
+    if abs(value) > _FLOAT32_MAX:  # the rewards are stored as float32: it would become inf
+        return None, "nonfinite", f"returned {value}, beyond float32's range"
     return value, "", ""
+
+
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def _short(value: Any) -> str:

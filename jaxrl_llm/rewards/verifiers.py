@@ -30,6 +30,12 @@ _NUMBER = r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?|[-+]?\.\d
 _NUMBER_RE = re.compile(_NUMBER)
 _FRAC_RE = re.compile(r"^\\[dt]?frac\{([^{}]+)\}\{([^{}]+)\}$")
 _SLASH_RE = re.compile(rf"^({_NUMBER})\s*/\s*({_NUMBER})$")
+# a fraction (LaTeX or `a/b`) before a plain number, so that `-1/2` is one match, not `2`
+_LAST_NUMBER_RE = re.compile(
+    rf"[-+]?\\[dt]?frac\{{[^{{}}]+\}}\{{[^{{}}]+\}}|(?:{_NUMBER})(?:\s*/\s*(?:{_NUMBER}))?"
+)
+_MAX_DIGITS = 4000  # longer numbers are not parsed (Python's int limit is 4300 digits)
+_MAX_EXPONENT = 10_000  # nor exponents beyond ±10000 (1e10000000 would take seconds)
 _WRAPPERS = re.compile(r"^\\text\{(.*)\}$|^\\mathrm\{(.*)\}$|^\\textbf\{(.*)\}$")
 
 
@@ -45,25 +51,25 @@ def extract_boxed(text: str) -> str | None:
       >>> extract_boxed(r"\\boxed{1} then \\boxed{2}"), extract_boxed("no box"), extract_boxed(r"\\boxed{3")
       ('2', None, None)
     """
+    closing = _closing_braces(text)
     found = None
     for match in re.finditer(r"\\(?:boxed|fbox)\{", text):
-        content = _balanced(text, match.end())
-        if content is not None:
-            found = content
+        close = closing.get(match.end() - 1)
+        if close is not None:
+            found = text[match.end() : close]
     return found
 
 
-def _balanced(text: str, begin: int) -> str | None:
-    """Text from `begin` up to the brace that closes the one just before `begin`."""
-    depth = 1
-    for i in range(begin, len(text)):
-        if text[i] == "{":
-            depth += 1
-        elif text[i] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[begin:i]
-    return None
+def _closing_braces(text: str) -> dict[int, int]:
+    """The index of the `}` that closes each `{` of `text` (unclosed ones absent): one pass,
+    so that many unclosed boxes cost linear time."""
+    closing, opened = {}, []
+    for i, char in enumerate(text):
+        if char == "{":
+            opened.append(i)
+        elif char == "}" and opened:
+            closing[opened.pop()] = i
+    return closing
 
 
 def extract_hash_answer(text: str) -> str | None:
@@ -91,20 +97,31 @@ def extract_tag(text: str, tag: str = "answer") -> str | None:
       >>> extract_tag("<answer>1</answer><answer>2", "answer")
       '1'
     """
-    matches = re.findall(rf"<{re.escape(tag)}>(.*?)</{re.escape(tag)}>", text, flags=re.DOTALL)
-    return matches[-1].strip() if matches else None
+    # the leftmost-first, non-greedy matches of `<tag>(.*?)</tag>`, found in linear time (the
+    # regex is quadratic on a text of many unclosed tags)
+    opening, closing = f"<{tag}>", f"</{tag}>"
+    found, at = None, 0
+    while (begin := text.find(opening, at)) != -1:
+        end = text.find(closing, begin + len(opening))
+        if end == -1:
+            break
+        found, at = text[begin + len(opening) : end], end + len(closing)
+    return found.strip() if found is not None else None
 
 
 def extract_last_number(text: str) -> str | None:
-    """The last number written in `text` (sign, thousands commas, decimals, exponent kept).
+    """The last number written in `text` (sign, thousands commas, decimals, exponent kept); a
+    fraction `a/b` or `\\frac{a}{b}` counts as one number, and a Unicode minus `−` as `-`.
 
     Examples:
       >>> extract_last_number("it costs $1,234.50, not 7")
       '7'
       >>> extract_last_number("from -3 to -2.5"), extract_last_number("none")
       ('-2.5', None)
+      >>> extract_last_number("half: -1/2"), extract_last_number(r"so \\frac{-1}{2}"), extract_last_number("−4")
+      ('-1/2', '\\\\frac{-1}{2}', '-4')
     """
-    matches = _NUMBER_RE.findall(text)
+    matches = _LAST_NUMBER_RE.findall(text.replace("\u2212", "-"))
     return matches[-1] if matches else None
 
 
@@ -144,9 +161,11 @@ def extract_answer(text: str, method: ExtractMethod = "auto") -> str | None:
 def parse_number(text: str) -> Fraction | None:
     """`text` as an exact rational number, or None if it is not one number.
 
-    Accepts an optional sign, thousands commas (`1,234`), decimals and exponents, a leading
-    `$` / `\\$`, a trailing `%` (kept as the number written: `50%` → 50) or `.`, `\\text{}`
-    wrappers, `a/b` and `\\frac{a}{b}` (also `\\dfrac`, `\\tfrac`).
+    Accepts an optional sign (`-` or a Unicode minus `−`), thousands commas (`1,234`), decimals
+    and exponents, a leading `$` / `\\$`, a trailing `%` (kept as the number written: `50%` → 50)
+    or `.`, `\\text{}` wrappers, `a/b` and `\\frac{a}{b}` (also `\\dfrac`, `\\tfrac`, and
+    `-\\frac{a}{b}`). Numbers of more than 4000 digits or with an exponent beyond ±10000 are not
+    parsed (None): a degenerate completion must not take seconds or raise.
 
     Examples:
       >>> parse_number("1,234.5"), parse_number(r"\\frac{3}{4}"), parse_number("$-2")
@@ -162,8 +181,12 @@ def parse_number(text: str) -> Fraction | None:
         s = next(g for g in wrapped.groups() if g is not None).strip()
     s = s.replace("\\$", "").replace("$", "").replace("\\!", "").replace("\\,", "").strip()
     s = s.removesuffix(".").removesuffix("\\%").removesuffix("%").strip()
+    s = s.replace("\u2212", "-")  # a Unicode minus
     if s.startswith("+"):
         s = s[1:]
+    if s[:1] == "-" and _FRAC_RE.match(s[1:]):  # -\frac{a}{b}
+        inner = parse_number(s[1:])
+        return None if inner is None else -inner
     frac = _FRAC_RE.match(s) or _SLASH_RE.match(s)
     if frac:
         num, den = parse_number(frac.group(1)), parse_number(frac.group(2))
@@ -171,6 +194,9 @@ def parse_number(text: str) -> Fraction | None:
             return None
         return num / den
     if not re.fullmatch(_NUMBER, s):
+        return None
+    mantissa, _, exponent = s.replace(",", "").lower().partition("e")
+    if len(mantissa) > _MAX_DIGITS or (exponent and abs(int(exponent)) > _MAX_EXPONENT):
         return None
     return Fraction(s.replace(",", ""))
 

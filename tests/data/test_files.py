@@ -25,6 +25,7 @@ BAD_LINES = [
         b'{"question": "caf\xe9", "answer": "x"}\n',
         "line 2: not valid UTF-8 (byte 0xe9 at column 18)",
     ),
+    (b"[" * 100_000 + b"]" * 100_000 + b"\n", "line 2: invalid JSON: nested too deeply to read"),
     (b'["question", "answer"]\n', "line 2: expected an object of fields, got list"),
     (b'{"question": "3+3?"}\n', "line 2: missing field 'answer' (the record has: question)"),
     (b'{"question": "3+3?", "answer": null}\n', "line 2: field 'answer' is null"),

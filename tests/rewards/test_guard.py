@@ -77,6 +77,10 @@ def hangs(prompts, completions, **_):
     return [0.0] * len(completions)
 
 
+def huge_on_three(prompts, completions, **_):  # finite in float64, inf once stored as float32
+    return [1e39 if c == "3" else 0.0 for c in completions]
+
+
 def rf(fn, name=None):
     return RewardFunction(name or fn.__name__, fn, 1.0)
 
@@ -102,6 +106,7 @@ def test_clean_batch_scores_every_function():
         (none_on_boom, "none", [3]),
         (nan_on_boom, "nonfinite", [3]),
         (inf_on_three, "nonfinite", [1]),
+        (huge_on_three, "nonfinite", [1]),
         (text_on_boom, "wrong_type", [3]),
         (one_short, "wrong_length", list(range(N))),
         (scalar, "wrong_type", list(range(N))),

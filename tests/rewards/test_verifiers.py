@@ -66,6 +66,16 @@ def test_extract_tag_and_last_number():
     assert extract_last_number("1,2,3") == "3"
     assert extract_last_number(".5 cups") == ".5"
     assert extract_last_number("nothing here") is None
+    # a fraction is one number (not its denominator), a Unicode minus is a minus
+    assert extract_last_number("half of it: -1/2.") == "-1/2"
+    assert extract_last_number(r"so x = \frac{-1}{2}") == r"\frac{-1}{2}"
+    assert extract_last_number("3/4 of 12 is 9") == "9"
+    assert extract_last_number("it is \u22123") == "-3"
+    # the tag's leftmost-first matches, and many unclosed tags or boxes (linear scans)
+    assert extract_tag("<answer>a<answer>b</answer>") == "a<answer>b"
+    assert extract_tag("<answer>" * 20000) is None
+    assert extract_boxed("\\boxed{" * 5000) is None
+    assert extract_boxed("\\boxed{ \\boxed{1}") == "1"
 
 
 def test_extract_answer_priority_and_methods():
@@ -103,6 +113,11 @@ def test_extract_answer_priority_and_methods():
         (r"\frac{3}{4}", Fraction(3, 4)),
         (r"\dfrac{-1}{3}", Fraction(-1, 3)),
         (r"\text{12}", Fraction(12)),
+        (r"-\frac{1}{2}", Fraction(-1, 2)),
+        ("\u22125", Fraction(-5)),  # a Unicode minus
+        ("1" * 5000, None),  # beyond 4000 digits: not parsed (Python's int limit is 4300)
+        ("1e10000000", None),  # an exponent beyond ±10000: not parsed (seconds of big-int work)
+        ("1e400", Fraction(10) ** 400),
         ("1/0", None),
         ("12 apples", None),
         ("1,23", None),
@@ -166,6 +181,29 @@ def test_math_answer_on_gsm8k_and_boxed_completions():
     # a reference without marker is used whole; another field name via answer_field
     assert math_answer(["q"], ["3/4"], short=[r"\frac{3}{4}"], answer_field="short") == [1.0]
     assert math_answer(["q"], [r"\boxed{3}"], answer=["7 #### 3"], extract="boxed") == [1.0]
+
+
+def test_math_answer_takes_a_reference_without_marker_whole():
+    # MATH-style answer columns: the last number of "1/2" is 2, which must not be the target
+    cases = [
+        (r"\boxed{0.5}", "1/2", 1.0),
+        ("2", "1/2", 0.0),
+        (r"\boxed{0.5}", r"\frac{1}{2}", 1.0),
+        (r"\boxed{-\frac{1}{2}}", "-1/2", 1.0),
+        ("The answer is 2", "-1/2", 0.0),
+        (r"\boxed{(3, 4)}", "(3, 4)", 1.0),
+        ("4", "(3, 4)", 0.0),
+        ("the answer is \u22123", "-3", 1.0),
+        ("the answer is \u22123", "3", 0.0),
+    ]
+    for completion, reference, want in cases:
+        assert math_answer(["q"], [completion], answer=[reference]) == [want], (
+            completion,
+            reference,
+        )
+    # a reference with a marker is still its marker's content
+    assert math_answer(["q"], ["72"], answer=[GSM8K_REFERENCE]) == [1.0]
+    assert math_answer(["q"], ["5"], answer=[r"so \boxed{5}"]) == [1.0]
 
 
 def test_builtin_rewards_name_missing_fields_and_bad_options():

@@ -40,13 +40,23 @@ def template_fields(template: str) -> tuple[str, ...]:
             f"prompt template {template!r}: {err} (write {{{{ and }}}} for literal braces)."
         ) from None
     names: list[str] = []
-    for _, field, _, _ in parsed:
+    for _, field, spec, conversion in parsed:
         if field is None:
             continue
         if not field.isidentifier():
             raise ValueError(
                 f"prompt template {template!r}: field {field!r} must be a plain field name "
                 "such as {question}."
+            )
+        if conversion not in (None, "r", "s", "a"):
+            raise ValueError(
+                f"prompt template {template!r}: field {field!r} has the unknown conversion "
+                f"'!{conversion}' (use !r, !s or !a)."
+            )
+        if spec and "{" in spec:
+            raise ValueError(
+                f"prompt template {template!r}: field {field!r} has a nested field in its "
+                f"format spec {spec!r}; write the spec out."
             )
         if field not in names:
             names.append(field)
@@ -108,7 +118,12 @@ def format_prompt(example: Mapping[str, Any], template: TemplateConfig) -> Promp
             f"prompt template {template.prompt!r} uses field {missing[0]!r}, which the example "
             f"lacks (it has: {', '.join(example) or 'nothing'})."
         )
-    text = template.prompt.format_map({f: example[f] for f in template.fields})
+    try:
+        text = template.prompt.format_map({f: example[f] for f in template.fields})
+    except (ValueError, TypeError) as err:  # a format spec that does not suit the value
+        raise DataError(
+            f"prompt template {template.prompt!r} cannot format the example's fields: {err}."
+        ) from None
     if not template.chat:
         return text
     messages = [{"role": "system", "content": template.system}] if template.system else []

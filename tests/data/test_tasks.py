@@ -117,7 +117,8 @@ def test_arithmetic_config_errors(data, message):
     ("data", "message"),
     [
         ({"min_length": 0}, "need 1 <= min_length <= max_length"),
-        ({"max_value": 0}, "max_value: must be >= 1"),
+        ({"max_value": 0}, "max_value: must be in [1, 2**63 - 2], got 0"),
+        ({"max_value": 2**70}, "max_value: must be in [1, 2**63 - 2], got 1180591620717411303424"),
     ],
 )
 def test_sorting_config_errors(data, message):

@@ -30,6 +30,16 @@ def test_template_fields_and_literal_braces():
         template_fields("{}")
     with pytest.raises(ValueError, match="Single '}' encountered"):
         template_fields("a}")
+    # conversions and format specs: the valid ones format, the rest are refused by name
+    assert (
+        format_prompt({"a": "x", "n": 3}, TemplateConfig(prompt="{a!r:>5}|{n:03d}")) == "  'x'|003"
+    )
+    with pytest.raises(ValueError, match=r"field 'a' has the unknown conversion '!z'"):
+        template_fields("{a!z}")
+    with pytest.raises(ValueError, match=r"field 'a' has a nested field in its format spec"):
+        template_fields("{a:>{w}}")
+    with pytest.raises(DataError, match=r"cannot format the example's fields: Unknown format code"):
+        format_prompt({"a": "text"}, TemplateConfig(prompt="{a:d}"))
 
 
 def test_chat_rendering_with_system_message():

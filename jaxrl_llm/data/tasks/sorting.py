@@ -23,7 +23,7 @@ class SortingConfig:
     Attributes:
       min_length: fewest numbers in a list (>= 1).
       max_length: most numbers in a list (>= min_length).
-      max_value: numbers are drawn uniformly from `0…max_value` (>= 1).
+      max_value: numbers are drawn uniformly from `0…max_value` (1 to 2**63 − 2: int64).
       train_size: examples in the train split (they may repeat).
       eval_size: distinct examples in the eval split.
       eval_fraction: share of all problems reserved for eval (by a seeded hash of the prompt).
@@ -46,8 +46,10 @@ class SortingConfig:
                 "sorting: need 1 <= min_length <= max_length, got "
                 f"min_length={self.min_length}, max_length={self.max_length}."
             )
-        if self.max_value < 1:
-            raise ConfigError(f"sorting.max_value: must be >= 1, got {self.max_value}.")
+        if not 1 <= self.max_value < 2**63 - 1:  # drawn as int64
+            raise ConfigError(
+                f"sorting.max_value: must be in [1, 2**63 - 2], got {self.max_value}."
+            )
         _check_sizes("sorting", self.train_size, self.eval_size, self.eval_fraction)
 
 

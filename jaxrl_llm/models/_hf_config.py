@@ -26,6 +26,7 @@ _ACTIVATION_KEY = {
     "gemma3_text": "hidden_activation",
 }
 _HF_ACTIVATION = {ours: theirs for theirs, ours in _ACTIVATIONS.items()}
+_NO_SLIDING = ("llama", "gemma")  # families whose transformers attention has no window
 
 
 def _parse(hf_config: Any) -> dict[str, Any]:
@@ -99,6 +100,8 @@ def from_hf(hf_config: Any) -> ModelConfig:
     else:
         rope = _rope(rope_params, f"{family} rope")
     layer_types = tuple(d.get("layer_types") or ("full_attention",) * d["num_hidden_layers"])
+    if family in _NO_SLIDING:  # transformers' llama and gemma read no window, whatever
+        layer_types = ("full_attention",) * d["num_hidden_layers"]  # `layer_types` says
     sliding = "sliding_attention" in layer_types
     eos = d.get("eos_token_id")
     return ModelConfig(
@@ -119,7 +122,8 @@ def from_hf(hf_config: Any) -> ModelConfig:
         attention_bias=bool(d.get("attention_bias", False)) and family != "qwen2",
         tie_embeddings=bool(d.get("tie_word_embeddings", False)),
         query_pre_attn_scalar=d.get("query_pre_attn_scalar"),
-        attn_logit_softcap=d.get("attn_logit_softcapping"),
+        # transformers' Gemma 3 reads the key but never soft-caps attention with it
+        attn_logit_softcap=None if family == "gemma3_text" else d.get("attn_logit_softcapping"),
         final_logit_softcap=d.get("final_logit_softcapping"),
         max_position_embeddings=d.get("max_position_embeddings") or 8192,
         bos_token_id=d.get("bos_token_id"),
@@ -151,6 +155,11 @@ def _family_kwargs(cfg: ModelConfig) -> dict[str, Any]:
         out["sliding_window"] = cfg.sliding_window
     elif sliding:
         raise ValueError(f"{cfg.family} has no sliding-window layers in transformers.")
+    if cfg.family == "gemma3_text" and cfg.attn_logit_softcap:
+        raise ValueError(
+            "gemma3_text has no attention logit soft-capping in transformers (its "
+            "attn_logit_softcapping key is read and never applied)."
+        )
     if cfg.family.startswith("gemma") and cfg.family != "gemma":
         out["query_pre_attn_scalar"] = cfg.query_pre_attn_scalar
         out["attn_logit_softcapping"] = cfg.attn_logit_softcap

@@ -92,3 +92,30 @@ def test_bfloat16_checkpoint_and_dtype_policy(hf_checkpoints, tmp_path):
     np.testing.assert_array_equal(
         np.asarray(again.layers.mlp.down[...]), np.asarray(bf16.layers.mlp.down[...])
     )
+
+
+@pytest.mark.parametrize(
+    ("family", "overrides"),
+    [
+        # transformers' Llama and Gemma attend fully whatever `layer_types` says
+        ("llama", dict(layer_types=["sliding_attention", "full_attention"], sliding_window=3)),
+        ("gemma", dict(layer_types=["sliding_attention", "full_attention"], sliding_window=3)),
+        # transformers' Gemma 3 reads attn_logit_softcapping and never applies it
+        ("gemma3_text", dict(attn_logit_softcapping=0.5)),
+    ],
+)
+def test_config_keys_transformers_ignores_are_ignored(family, overrides, tmp_path):
+    from tests.models.conftest import hf_model
+
+    torch_model = hf_model(family, **overrides)
+    torch_model.save_pretrained(tmp_path)
+    tokens = random_tokens((2, 11), seed=2)
+    model = from_pretrained(tmp_path)
+    assert "sliding_attention" not in model.config.layer_types or family == "gemma3_text"
+    assert model.config.attn_logit_softcap is None or family != "gemma3_text"
+    ours = jit_forward(model, tokens, positions_for(tokens))
+    np.testing.assert_allclose(ours, torch_logits(torch_model, tokens), atol=TOL, rtol=0)
+    if family == "gemma3_text":  # nor is it exported: transformers would not apply it
+        capped = ModelConfig(**{**model.config.__dict__, "attn_logit_softcap": 0.5})
+        with pytest.raises(ValueError, match="gemma3_text has no attention logit soft-capping"):
+            capped.to_hf_dict()

@@ -207,11 +207,21 @@ def _train(args: argparse.Namespace) -> int:
         prepared = prepare_run(config, resume=args.resume)
     except (ConfigError, DataError, ValueError) as err:
         return _user_error("train", err)
+    except KeyboardInterrupt:  # Ctrl-C while the model, the warm start or a restore is set up
+        print("jaxrl-llm train: interrupted (SIGINT) before the first step", file=sys.stderr)
+        return 128 + signal.SIGINT
     try:
         summary = run_training(prepared, resume_command=_resume_command(args, config.run_dir))
     except (TrainingDivergedError, RewardFunctionError) as err:
         print(f"jaxrl-llm train: {err}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # a second Ctrl-C stops at once, without a new checkpoint
+        print(
+            "jaxrl-llm train: interrupted at once (a second SIGINT); resume from the newest "
+            f"checkpoint with: {_resume_command(args, config.run_dir)}",
+            file=sys.stderr,
+        )
+        return 128 + signal.SIGINT
     if summary["interrupted"]:
         return 128 + int(signal.Signals[summary["interrupted"]])
     if not is_main_process():

@@ -527,21 +527,28 @@ def run_training(prepared: PreparedRun, *, resume_command: str | None = None) ->
             checkpointer.wait()
     finally:
         checkpointer.close()
-    if config.export.enabled:
-        export_policy(
-            ctx.graphs,
-            state.params["policy"],
-            state.frozen["policy"],
-            ctx.run_dir / config.export.directory,
-            config.export.dtype,
-            ctx.tokenizer,
-            base_model=config.model.checkpoint,
-        )
-    summary = _summary(ctx, before, after, step, wall(), skips, final, info, None)
-    if is_main_process():  # one writer per job
-        _plot(ctx.run_dir)
-        (ctx.run_dir / SUMMARY_FILE).write_text(
-            json.dumps(summary, indent=2, sort_keys=True) + "\n"
+    with GracefulStop() as finishing:  # the run is complete: a signal waits for its outputs
+        if config.export.enabled:
+            export_policy(
+                ctx.graphs,
+                state.params["policy"],
+                state.frozen["policy"],
+                ctx.run_dir / config.export.directory,
+                config.export.dtype,
+                ctx.tokenizer,
+                base_model=config.model.checkpoint,
+            )
+        summary = _summary(ctx, before, after, step, wall(), skips, final, info, None)
+        if is_main_process():  # one writer per job
+            _plot(ctx.run_dir)
+            (ctx.run_dir / SUMMARY_FILE).write_text(
+                json.dumps(summary, indent=2, sort_keys=True) + "\n"
+            )
+    if finishing.requested and is_main_process():
+        print(
+            f"jaxrl-llm train: received {finishing.signal_name} after the last step; finished "
+            "writing the export and the summary first",
+            flush=True,
         )
     return summary
 

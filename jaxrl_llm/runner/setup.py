@@ -304,6 +304,13 @@ def prepare_run(config: RunConfig, *, resume: bool = False) -> PreparedRun:
             raise
         data = IteratorState.from_dict(meta["data"])
         start = int(meta["step"])
+        if start > config.train.steps:
+            checkpointer.close()
+            raise ConfigError(
+                f"train.steps: {config.train.steps} is below the step of the checkpoint to "
+                f"resume ({start}, in {run_dir}); raise it to continue the run, or evaluate "
+                "the checkpoint with `jaxrl-llm eval`."
+            )
         skips = SkipTracker(int(meta["skips_consecutive"]), int(meta["skips_total"]))
         changed = _config_changes(meta.get("config", {}), config_to_dict(config))
         changed = [k for k in changed if k not in ("train.steps", "run_dir")]

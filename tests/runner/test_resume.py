@@ -34,7 +34,7 @@ def _final_state(run_dir):
     return prepared.start_step, prepared.data, out
 
 
-def test_six_steps_equal_three_plus_resume_plus_three(tmp_path):
+def test_six_steps_equal_three_plus_resume_plus_three(tmp_path, capsys):
     straight, split = tmp_path / "straight", tmp_path / "split"
     assert main(["train", GRPO, *SIX, "--run-dir", str(straight)]) == 0
     assert main(["train", GRPO, *SIX, "train.steps=3", "--run-dir", str(split)]) == 0
@@ -50,6 +50,12 @@ def test_six_steps_equal_three_plus_resume_plus_three(tmp_path):
     assert export_a == (split / "export" / "model.safetensors").read_bytes()
     summary = (split / "summary.json").read_text()
     assert '"steps": 6' in summary
+    # fewer steps than the checkpoint holds: one line, exit 2, nothing rerun
+    capsys.readouterr()
+    assert main(["train", GRPO, *SIX, "train.steps=4", "--resume", "--run-dir", str(split)]) == 2
+    err = capsys.readouterr().err
+    assert "train.steps: 4 is below the step of the checkpoint to resume (6" in err, err
+    assert (split / "summary.json").read_text() == summary
 
 
 def _wait_for(predicate, process, timeout):

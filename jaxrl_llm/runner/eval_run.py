@@ -3,7 +3,8 @@
 Builds the run's models and data as `train` would (without training or warm-starting), restores
 the policy of the chosen checkpoint from `run_dir/checkpoints` (`none`: the model as configured,
 before any training), evaluates it on the eval split (`runner.evaluate`: greedy accuracy,
-accuracy at temperature 1, pass@k) and, for a preference run, on its held-out preference
+accuracy at temperature 1, pass@k; sampled with the key of the run's own evaluation at that
+step, so the command reproduces what the run logged there) and, for a preference run, on its held-out preference
 examples (`runner.preference.evaluate_preference`), prints a table and writes
 `run_dir/eval/step_<STEP>.json` (`step_initial.json` for `none`).
 """
@@ -21,6 +22,7 @@ from jaxrl_llm.checkpoint import Checkpointer
 from jaxrl_llm.config import ConfigError
 from jaxrl_llm.runner.config import RunConfig, check_devices
 from jaxrl_llm.runner.evaluate import evaluate_policy
+from jaxrl_llm.runner.keys import EVAL_STREAM, fold_in, stream_key
 from jaxrl_llm.runner.preference import evaluate_preference
 from jaxrl_llm.runner.setup import CHECKPOINT_DIR, build_context
 from sharding import make_mesh
@@ -118,7 +120,9 @@ def evaluate_run(
             with jax.set_mesh(mesh):
                 state, _ = ckpt.restore(step, target_state=state)
         label = str(step)
-    key = jax.random.fold_in(jax.random.key(config.seed), 3)
+    # the key of the run's own evaluation at that step (step 0: before training), so that the
+    # command reproduces the metrics the run logged for the checkpoint
+    key = fold_in(stream_key(config.seed, EVAL_STREAM), 0 if label == "initial" else int(label))
     metrics = evaluate_policy(context, state.params["policy"], state.frozen["policy"], key)
     metrics.update(evaluate_preference(context, state))  # preference runs' held-out examples
     out = run_dir / EVAL_DIR / f"step_{label}.json"

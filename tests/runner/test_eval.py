@@ -19,7 +19,7 @@ from jaxrl_llm.runner.task import answer_fits, sft_batch
 from jaxrl_llm.sampler import generate
 from jaxrl_llm.tokenizer import ByteTokenizer
 from jaxrl_llm.train import completion_logprobs
-from tests.runner.helpers import CONFIGS, TINY, even_checksum
+from tests.runner.helpers import CONFIGS, TINY, even_checksum, records
 
 GRPO = str(CONFIGS / "grpo.yaml")
 
@@ -69,6 +69,11 @@ def test_eval_command_on_a_trained_run(tmp_path, capsys):
     assert result["eval/pass@2"] >= result["eval/pass@1"]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["greedy_accuracy_after_rl"] == result["eval/accuracy_greedy"]
+    # the same key as the run's own evaluation at step 2: every logged eval metric reproduced
+    logged = [r for r in records(tmp_path) if r["step"] == 2 and "eval/accuracy" in r][-1]
+    shared = [k for k in logged if k.startswith("eval/") and k in result]
+    assert "eval/accuracy" in shared and "eval/pass@2" in shared
+    assert {k: result[k] for k in shared} == {k: logged[k] for k in shared}
 
     # the greedy accuracy, recomputed with the public sampler on the exported policy
     from jaxrl_llm.runner import load_run_config, load_task

@@ -15,6 +15,19 @@ from typing import Any
 from jaxrl_llm.data.records import DataError, IssueLog, OnError, RecordIssue, clean_record
 
 
+class _DuplicateFieldError(ValueError):
+    """A JSON object names a field twice (json would keep the last value silently)."""
+
+
+def _unique_fields(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateFieldError(key)
+        out[key] = value
+    return out
+
+
 def read_jsonl(
     path: str | pathlib.Path,
     *,
@@ -67,12 +80,15 @@ def read_jsonl(
             if not line.strip():
                 continue
             try:
-                value = json.loads(line.rstrip("\r\n"))
+                value = json.loads(line.rstrip("\r\n"), object_pairs_hook=_unique_fields)
             except json.JSONDecodeError as err:
                 issues.add(location, f"invalid JSON: {err.msg} (column {err.pos + 1})")
                 continue
             except RecursionError:
                 issues.add(location, "invalid JSON: nested too deeply to read")
+                continue
+            except _DuplicateFieldError as err:
+                issues.add(location, f"field {err.args[0]!r} appears twice in one object")
                 continue
             try:
                 records.append(check(value))

@@ -91,7 +91,8 @@ def clean_record(raw: Any, required: Sequence[str]) -> dict[str, Any]:
     """A checked record: a mapping, every `required` field present, non-null and scalar.
 
     Required fields (those the prompt template and the reward use) must be text, a number or
-    a bool; NaN numbers are rejected. Raises `ValueError` describing the first problem.
+    a bool; NaN and infinite numbers are rejected. Raises `ValueError` describing the first
+    problem.
 
     Examples:
       >>> clean_record({"q": b"2+2", "a": 4}, ["q", "a"])
@@ -118,6 +119,8 @@ def clean_record(raw: Any, required: Sequence[str]) -> dict[str, Any]:
             )
         if isinstance(value, float) and math.isnan(value):
             raise ValueError(f"field {field!r} is NaN")
+        if isinstance(value, float) and math.isinf(value):
+            raise ValueError(f"field {field!r} is {value} (not a finite number)")
     return record
 
 

@@ -158,7 +158,13 @@ def call_with_timeout(fn: Any, *args: Any, timeout_s: float | None, **kwargs: An
 
 def _as_entries(out: Any, n: int) -> tuple[list[Any] | None, str, str]:
     """Split an output into per-row entries, or say why it is not one value per row."""
-    if out is None or isinstance(out, str | bytes | Mapping) or not hasattr(out, "__len__"):
+    unordered = isinstance(out, set | frozenset)  # no row order to read the values in
+    if (
+        out is None
+        or unordered
+        or isinstance(out, str | bytes | Mapping)
+        or not hasattr(out, "__len__")
+    ):
         return (
             None,
             "wrong_type",

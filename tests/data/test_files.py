@@ -31,6 +31,14 @@ BAD_LINES = [
     (b'{"question": "3+3?", "answer": null}\n', "line 2: field 'answer' is null"),
     (b'{"question": "3+3?", "answer": NaN}\n', "line 2: field 'answer' is NaN"),
     (
+        b'{"question": "3+3?", "answer": Infinity}\n',
+        "line 2: field 'answer' is inf (not a finite number)",
+    ),
+    (
+        b'{"question": "3+3?", "answer": "6", "answer": "7"}\n',
+        "line 2: field 'answer' appears twice in one object",
+    ),
+    (
         b'{"question": {"a": 1}, "answer": "1"}\n',
         "line 2: field 'question' must be text or a number, got dict",
     ),

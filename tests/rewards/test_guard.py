@@ -77,6 +77,10 @@ def hangs(prompts, completions, **_):
     return [0.0] * len(completions)
 
 
+def unordered(prompts, completions, **_):  # a set has no row order
+    return set(range(len(completions)))
+
+
 def huge_on_three(prompts, completions, **_):  # finite in float64, inf once stored as float32
     return [1e39 if c == "3" else 0.0 for c in completions]
 
@@ -110,6 +114,7 @@ def test_clean_batch_scores_every_function():
         (text_on_boom, "wrong_type", [3]),
         (one_short, "wrong_length", list(range(N))),
         (scalar, "wrong_type", list(range(N))),
+        (unordered, "wrong_type", list(range(N))),
         (matrix, "wrong_length", list(range(N))),
         (batch_only, "raised", list(range(N))),
     ],

@@ -27,7 +27,6 @@ ExtractMethod = Literal["auto", "boxed", "hash", "tag", "last_number", "full"]
 EXTRACT_METHODS: tuple[str, ...] = ("auto", "boxed", "hash", "tag", "last_number", "full")
 
 _NUMBER = r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?|[-+]?\.\d+"
-_NUMBER_RE = re.compile(_NUMBER)
 _FRAC_RE = re.compile(r"^\\[dt]?frac\{([^{}]+)\}\{([^{}]+)\}$")
 _SLASH_RE = re.compile(rf"^({_NUMBER})\s*/\s*({_NUMBER})$")
 # a fraction (LaTeX or `a/b`) before a plain number, so that `-1/2` is one match, not `2`
@@ -195,10 +194,11 @@ def parse_number(text: str) -> Fraction | None:
         return num / den
     if not re.fullmatch(_NUMBER, s):
         return None
-    mantissa, _, exponent = s.replace(",", "").lower().partition("e")
+    plain = s.replace(",", "")
+    mantissa, _, exponent = plain.lower().partition("e")
     if len(mantissa) > _MAX_DIGITS or (exponent and abs(int(exponent)) > _MAX_EXPONENT):
         return None
-    return Fraction(s.replace(",", ""))
+    return Fraction(plain)
 
 
 def normalize_text(text: str, *, ignore_case: bool = False) -> str:

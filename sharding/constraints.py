@@ -26,7 +26,13 @@ from collections.abc import Sequence
 import jax
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
 
-from sharding.rules import ACTIVATION_AXIS_RULES, MeshAxes, Rules, logical_to_spec
+from sharding.rules import (
+    ACTIVATION_AXIS_RULES,
+    MeshAxes,
+    Rules,
+    check_logical_names,
+    logical_to_spec,
+)
 
 
 def _drop_axes(entry: MeshAxes, dropped: set[str]) -> MeshAxes:
@@ -45,6 +51,7 @@ def _resolve(
     mesh: Mesh | AbstractMesh | None,
 ) -> tuple[AxisType, PartitionSpec | NamedSharding] | None:
     """The axis type and target sharding for logical `names`, or None when nothing applies."""
+    check_logical_names(names, rules, shape=shape)  # on one device too, not only on a mesh
     context = mesh if mesh is not None else jax.sharding.get_abstract_mesh()
     if context.empty:
         return None

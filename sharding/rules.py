@@ -61,6 +61,31 @@ def _as_tuple(axes: MeshAxes) -> tuple[str, ...]:
     return (axes,) if isinstance(axes, str) else tuple(axes)
 
 
+def check_logical_names(
+    names: Sequence[str | None], rules: Rules, *, shape: Sequence[int] | None = None
+) -> None:
+    """Raise `ValueError` when a logical name has no rule in `rules` or, given `shape`, the
+    number of names is not the array's rank (a check that needs no mesh).
+
+    Examples:
+      >>> check_logical_names(("batch", None), ACTIVATION_AXIS_RULES, shape=(4, 3))
+      >>> check_logical_names(("batch",), ACTIVATION_AXIS_RULES, shape=(4, 3))
+      Traceback (most recent call last):
+      ...
+      ValueError: logical_to_spec: 1 names ('batch',) for an array of rank 2.
+    """
+    if shape is not None and len(shape) != len(names):
+        raise ValueError(
+            f"logical_to_spec: {len(names)} names {tuple(names)} for an array of rank {len(shape)}."
+        )
+    known = {name for name, _ in rules}
+    for name in names:
+        if name is not None and name not in known:
+            raise ValueError(
+                f"logical_to_spec: no rule for logical axis '{name}'; known: {sorted(known)}."
+            )
+
+
 def logical_to_spec(
     names: Sequence[str | None],
     rules: Rules,
@@ -95,21 +120,13 @@ def logical_to_spec(
       >>> tuple(logical_to_spec(("batch", "length"), ACTIVATION_AXIS_RULES, mesh))
       (('data', 'fsdp'), None)
     """
-    if shape is not None and len(shape) != len(names):
-        raise ValueError(
-            f"logical_to_spec: {len(names)} names {tuple(names)} for an array of rank {len(shape)}."
-        )
-    known = {name for name, _ in rules}
+    check_logical_names(names, rules, shape=shape)
     used: set[str] = set()
     spec: list[MeshAxes] = []
     for dim, name in enumerate(names):
         if name is None:
             spec.append(None)
             continue
-        if name not in known:
-            raise ValueError(
-                f"logical_to_spec: no rule for logical axis '{name}'; known: {sorted(known)}."
-            )
         chosen: MeshAxes = None
         for rule_name, axes in rules:
             if rule_name != name:

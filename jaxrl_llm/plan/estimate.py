@@ -131,10 +131,8 @@ def _check_mesh(config: ModelConfig, plan: PlanConfig) -> list[str]:
     if config.hidden_size % f:
         problems.append(f"hidden_size={config.hidden_size} is not divisible by fsdp={f}")
     N = plan.num_sequences
-    if N % rows:
-        problems.append(
-            f"N = batch·group_size = {N} sequences do not split over data·fsdp = {rows}"
-        )
+    if plan.batch % rows:  # the runner's rule: prefill splits the B prompts over data·fsdp
+        problems.append(f"batch={plan.batch} prompts do not split over data·fsdp = {rows}")
     if N % plan.minibatches:
         problems.append(f"minibatches={plan.minibatches} does not divide N = {N}")
     update = N // plan.minibatches
@@ -220,8 +218,15 @@ def _activation_bytes(config: ModelConfig, plan: PlanConfig, rows: int) -> dict[
         saved, working = L * tokens * bc * D, dense + live
     scored = rows * plan.completion_len
     logit_tokens = scored if plan.logits_chunk is None else min(scored, plan.logits_chunk)
-    logits = 2 * 4 * logit_tokens * config.vocab_size / t
+    logits = 2 * 4 * logit_tokens * _vocab_per_device(config, t)
     return {"saved": saved, "working": working, "logits": logits}
+
+
+def _vocab_per_device(config: ModelConfig, t: int) -> float:
+    """The vocabulary columns of the logits on one device: split over `tensor` when it divides
+    the vocabulary, else whole (the rule table's fallback: replicated)."""
+    V = config.vocab_size
+    return V / t if V % t == 0 else V
 
 
 def _matmul_weights(config: ModelConfig) -> int:
@@ -364,12 +369,11 @@ def _memory(config: ModelConfig, plan: PlanConfig, z: _Sizes) -> dict[str, float
         "critic_activations": acts["saved"] if plan.critic else 0.0,
     }
     # prefill: one layer of B/(d·f) prompts live at a time, with float32 [P, P] attention logits
-    prefill_rows = math.ceil(plan.batch / (d * f))
+    prefill_rows = plan.batch // (d * f)
     widths = config.hidden_size + (H / t + 2 * z.kv_heads) * Hd + 2 * config.intermediate_size / t
     prefill = prefill_rows * P * (bc * widths + 4 * (H / t) * P)
     # decode: float32 logits (and their filtered copy) and one layer's attention logits
-    vocab = config.vocab_size / t if config.vocab_size % t == 0 else config.vocab_size
-    decode = z.rows * (2 * 4 * vocab + 4 * (H / t) * S)
+    decode = z.rows * (2 * 4 * _vocab_per_device(config, t) + 4 * (H / t) * S)
     memory["sampling_workspace"] = max(prefill, decode)
     resident = memory["params"] + memory["optimizer"] + memory["reference"]
     resident += memory["critic_params"] + memory["critic_optimizer"]

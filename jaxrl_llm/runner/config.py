@@ -10,7 +10,8 @@ model is built or any program compiled:
       reward_model: (Bradley-Terry reward-model training)
     grouped estimators / drop_zero_variance / decoupled rewards  need sampling.num_samples >= 2
     algorithm.temperature == sampling.temperature (the log-probs score the sampler's policy)
-    N = prompts_per_step · G  divisible by  minibatches · accumulation_steps  and  data · fsdp
+    N = prompts_per_step · G  divisible by  minibatches · accumulation_steps;
+      prompts_per_step  divisible by  data · fsdp  (prefill splits the prompts)
       (online DPO: its B pairs, minibatch_unit prompt: its B prompts, divisible by
       minibatches · accumulation_steps)
     sampling.row_groups  divides prompts_per_step

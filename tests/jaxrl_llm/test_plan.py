@@ -256,13 +256,31 @@ def test_memory_scales_with_the_mesh():
     assert chunked < m4["activations"]
 
 
+def test_a_vocabulary_that_tensor_does_not_divide_counts_whole_logits():
+    # qwen2.5-0.5b's 151,936 tokens split over tensor = 2; a vocabulary of 151,937 does not, so
+    # each tensor rank keeps every logit column of the update (the rule table replicates it)
+    from jaxrl_llm.plan.estimate import _activation_bytes
+
+    even = resolve_model("qwen2.5-0.5b")[1]
+    odd = dataclasses.replace(even, vocab_size=151937)
+    plan = PlanConfig(mesh=(1, 1, 2), batch=8, group_size=4, completion_len=256)
+    tokens = 32 * 256  # rows × scored positions
+    assert _activation_bytes(even, plan, 32)["logits"] == 2 * 4 * tokens * 151936 / 2
+    assert _activation_bytes(odd, plan, 32)["logits"] == 2 * 4 * tokens * 151937
+    p = estimate(odd, plan, "h100")
+    assert any("vocab_size=151937 does not split over tensor=2" in n for n in p.notes)
+
+
 @pytest.mark.parametrize(
     ("mesh", "message"),
     [
         ((1, 1, 8), "num_heads=28 is not divisible by tensor=8"),
         ((1, 1, 3), "intermediate_size=18944 is not divisible by tensor=3"),
         ((1, 5, 1), "hidden_size=3584 is not divisible by fsdp=5"),
-        ((3, 1, 1), r"N = batch·group_size = 64 sequences do not split over data·fsdp = 3"),
+        ((3, 1, 1), r"batch=8 prompts do not split over data·fsdp = 3"),
+        # N = 64 sequences would split 16 ways, but prefill splits the 8 prompts (the runner's
+        # rule, runner.config): refused as `jaxrl-llm train` refuses it
+        ((1, 16, 1), r"batch=8 prompts do not split over data·fsdp = 16"),
     ],
 )
 def test_impossible_meshes_are_rejected_by_name(mesh, message):

@@ -8,6 +8,7 @@ import pytest
 from jax.sharding import AbstractMesh, AxisType
 
 from sharding import shard
+from sharding.constraints import out_sharding
 
 
 def test_without_a_mesh_the_array_is_returned_unchanged():
@@ -22,6 +23,13 @@ def test_errors_name_the_problem():
         shard(jnp.ones(3), ("batch", "embed"), mesh=mesh)
     with pytest.raises(ValueError, match="no rule for logical axis 'btach'"):
         shard(jnp.ones(3), ("btach",), mesh=mesh)
+    # the same mistakes without a mesh: caught on one device, not first on a pod
+    with pytest.raises(ValueError, match="2 names"):
+        shard(jnp.ones(3), ("batch", "embed"))
+    with pytest.raises(ValueError, match="no rule for logical axis 'btach'"):
+        jax.jit(lambda a: shard(a, ("btach",)))(jnp.ones(3))
+    with pytest.raises(ValueError, match="3 names"):
+        out_sharding(("batch", "length", "embed"), shape=(4, 3))
     mixed = AbstractMesh(
         (1, 1, 1),
         ("data", "fsdp", "tensor"),

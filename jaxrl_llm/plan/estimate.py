@@ -263,7 +263,7 @@ def estimate(
 
     Raises:
       ValueError: an unknown preset or device, or an impossible mesh (query heads or MLP width
-        not divisible by `tensor`, model width not divisible by `fsdp`, sequences or
+        not divisible by `tensor`, model width not divisible by `fsdp`, prompts (B) or
         micro-batches not divisible by `data·fsdp`).
 
     Examples:

@@ -210,6 +210,8 @@ def _to_number(key: str, value: Any) -> int | float:
         raise ValueError(
             f"MetricsLogger.log: metric '{key}' must be a scalar, got shape {array.shape}."
         )
+    if jax.numpy.issubdtype(array.dtype, jax.numpy.floating):  # also bfloat16, float8
+        array = array.astype(np.float64)
     if not (np.issubdtype(array.dtype, np.number) or array.dtype == np.bool_):
         raise ValueError(
             f"MetricsLogger.log: metric '{key}' must be a number, got {array.dtype} ({value!r})."

@@ -820,6 +820,21 @@ def _validate_algorithm(cfg: RunConfig, alg: AlgorithmConfig) -> None:
             f"algorithm.temperature: the update scores the sampler's policy, so it must equal "
             f"sampling.temperature ({cfg.sampling.temperature}), got {alg.temperature}."
         )
+    sampling = cfg.sampling
+    filtered = (sampling.top_k, sampling.top_p, sampling.min_p) != (None, None, None)
+    if (
+        alg.rollout_correction is not None
+        and alg.needs_old_logprobs
+        and alg.old_logprobs == "sampler"
+        and not filtered
+    ):
+        raise ConfigError(
+            "algorithm.rollout_correction: with old_logprobs 'sampler' the old log-probs are "
+            "the sampler's own, equal to the rollout log-probs when no top_k / top_p / min_p "
+            "filter is on, so every weight would be 1; use old_logprobs 'forward' (the "
+            "trainer's forward, which the correction compares with the sampler) or drop the "
+            "correction."
+        )
 
 
 def _validate_rewards(cfg: RunConfig) -> None:

@@ -13,8 +13,9 @@ samples of one prompt (`n = b·G + g`). Per `config.advantage.estimator` (ALGORI
     whiten:           A ← masked_whiten(A, m)
 
 With `drop_zero_variance` (DAPO) `keep[n]` is False for rows whose group's raw rewards are all
-equal (`losses.zero_variance_mask`); `build_rl_batch` zeroes their completion mask, so they
-leave the loss and its normalisers (the in-graph form of DAPO's dynamic sampling; a loop that
+equal (`losses.zero_variance_mask`). Their rows leave every batch-wide statistic above (the batch
+std of `scale: batch`, the whitening, the token whitening of `reinforce_pp_baseline`), and
+`build_rl_batch` zeroes their completion mask, so they also leave the loss and its normalisers (the in-graph form of DAPO's dynamic sampling; a loop that
 re-samples to refill the batch reads `keep` to know how many groups survived).
 """
 
@@ -140,6 +141,13 @@ def compute_advantages(
         raise ValueError(f"{where}: the 'gae' estimator needs the old critic `values`.")
 
     B = N // group_size
+    if adv_cfg.drop_zero_variance:
+        keep = jnp.repeat(losses.zero_variance_mask(s.reshape(B, group_size)), group_size)
+    else:
+        keep = jnp.ones((N,), bool)
+    # the dropped groups leave every batch-wide statistic (batch std, whitening), as they would
+    # had they been filtered out before the batch was formed (DAPO's dynamic sampling)
+    kept = m * keep[:, None]
     metrics: dict[str, jax.Array] = {}
     returns = None
     if adv_cfg.estimator in ("group", "rloo"):
@@ -152,12 +160,13 @@ def compute_advantages(
                 scale=adv_cfg.scale,
                 eps=adv_cfg.eps,
                 ddof=adv_cfg.ddof,
+                valid=keep.reshape(B, group_size) if adv_cfg.drop_zero_variance else None,
             )
         else:
             a = losses.rloo_advantages(scores.reshape(B, group_size))
         adv = losses.broadcast_to_tokens(a, m)
     elif adv_cfg.estimator == "reinforce_pp_baseline":
-        adv = losses.reinforce_pp_baseline_advantages(s.reshape(B, group_size), m)
+        adv = losses.reinforce_pp_baseline_advantages(s.reshape(B, group_size), kept)
     else:
         zeros = jnp.zeros((N, T), jnp.float32)
         token_rewards = losses.kl_penalized_rewards(
@@ -176,17 +185,12 @@ def compute_advantages(
             )
             metrics["value/explained_var"] = _explained_variance(values, returns, m)
     if adv_cfg.whiten:
-        adv = losses.masked_whiten(adv, m)
+        adv = losses.masked_whiten(adv, kept)
 
     if group_size >= 2:
         metrics.update(losses.group_advantage_metrics(s.reshape(B, group_size)))
     else:
         metrics["adv/reward_mean"] = jnp.mean(s)
-    if adv_cfg.drop_zero_variance:
-        keep = jnp.repeat(losses.zero_variance_mask(s.reshape(B, group_size)), group_size)
-    else:
-        keep = jnp.ones((N,), bool)
-    kept = m * keep[:, None]
     metrics["adv/mean"] = losses.masked_mean(adv, kept)
     metrics["adv/std"] = jnp.sqrt(losses.masked_var(adv, kept, ddof=1))
     metrics["adv/kept_frac"] = jnp.mean(keep.astype(jnp.float32))

@@ -227,6 +227,25 @@ class PolicyLossConfig:
                 f"{where}: `loss_type` must be one of {', '.join(losses.DPO_LOSS_TYPES)}, got "
                 f"{self.loss_type!r}."
             )
+        if self.name == "online_dpo":
+            self._dry_run_online_dpo(where)
+
+    def _dry_run_online_dpo(self, where: str) -> None:
+        """Trace online DPO's `dpo_loss` call on dummy pairs, so a loss type that needs a
+        setting online DPO does not have (exo_pair's label smoothing) fails at load time."""
+        z = jnp.zeros(2, jnp.float32)
+        beta = 0.1 if self.beta is None else self.beta
+        try:
+            jax.eval_shape(
+                lambda: losses.dpo_loss(
+                    z, z, z, z, beta=beta, loss_type=self.loss_type or "sigmoid"
+                )
+            )
+        except ValueError as error:
+            raise ValueError(
+                f"{where}: online DPO (beta and loss_type only) cannot run loss_type "
+                f"{self.loss_type!r}: {error}"
+            ) from None
 
     @property
     def effective_agg(self) -> str:
@@ -359,10 +378,13 @@ class RolloutCorrectionConfig:
     high: float | None = 2.0
 
     def __post_init__(self) -> None:
-        for key in ("low", "high"):
-            value = getattr(self, key)
-            if value is not None and value < 0:
-                raise ValueError(f"RolloutCorrectionConfig: `{key}` must be >= 0, got {value!r}.")
+        where = "RolloutCorrectionConfig"
+        if self.low is not None and not self.low >= 0:
+            raise ValueError(f"{where}: `low` must be >= 0, got {self.low!r}.")
+        if self.high is not None and not self.high > 0:  # 0 would zero every weight: no update
+            raise ValueError(f"{where}: `high` must be > 0, got {self.high!r}.")
+        if self.low is not None and self.high is not None and not self.low < self.high:
+            raise ValueError(f"{where}: `low` ({self.low!r}) must be below `high` ({self.high!r}).")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -395,7 +417,9 @@ class AlgorithmConfig:
         unfiltered at the temperature τ: the same policy and parameters, so equal to the
         forward's up to float rounding, and one forward per step fewer; verl's and slime's
         rollout log-probs without recomputation). Keep "forward" where the sampler's
-        numerics differ from training by more than rounding (another dtype or engine).
+        numerics differ from training by more than rounding (another dtype or engine). With
+        "sampler", `rollout_correction` compares the sampler with itself and corrects only
+        its top-k / top-p / min-p filters (a run config refuses the pair without a filter).
 
     Examples:
       >>> cfg = AlgorithmConfig(advantage=AdvantageConfig(estimator="gae", lam=0.95),

@@ -88,7 +88,8 @@ class PreferenceConfig:
         False for cpo (TRL feeds averages to cpo's ipo: set it True).
       nll_coef: rpo/cpo/orpo: weight of the NLL of the chosen tokens (default 1.0).
       nll_agg: rpo/cpo/orpo: aggregation of that NLL (default "token_mean", TRL's;
-        "seq_mean_token_mean" is OpenRLHF's and ORPO's paper).
+        "seq_mean_token_mean" is OpenRLHF's and ORPO's paper; not "seq_mean_token_sum_norm",
+        whose constant length the preference losses have no field for).
       desirable_weight, undesirable_weight: kto: λ_D, λ_U (default 1.0).
       epochs: passes over each batch.
       minibatches: optimizer updates per epoch.
@@ -261,6 +262,13 @@ class PreferenceConfig:
             raise ValueError(
                 f"{where}: `nll_agg` must be one of {', '.join(losses.AGG_MODES)}, got "
                 f"{self.nll_agg!r}."
+            )
+        if self.nll_agg == "seq_mean_token_sum_norm":  # its constant would be the padded width
+            raise ValueError(
+                f"{where}: `nll_agg` 'seq_mean_token_sum_norm' divides by a fixed length that the "
+                "preference losses do not set (it would fall back to the batch's padded width, "
+                "which changes from batch to batch); use 'token_mean', 'seq_mean_token_mean', "
+                "'seq_mean_token_sum' or 'token_sum'."
             )
         for key in ("nll_coef", "desirable_weight", "undesirable_weight"):
             value = getattr(self, key)

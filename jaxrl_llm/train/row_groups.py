@@ -219,8 +219,11 @@ def make_row_group_update_step(
     where = "make_row_group_update_step"
     if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
         raise ValueError(f"{where}: `groups` must be an int >= 1, got {groups!r}.")
+    # `OptimConfig`'s accumulation is `optax.MultiSteps(...).gradient_transformation()`: a plain
+    # GradientTransformation, recognised by its state (below)
+    accumulation = f"{where}: one update per batch; accumulation is not supported here."
     if isinstance(optimizer, optax.MultiSteps):
-        raise ValueError(f"{where}: one update per batch; accumulation is not supported here.")
+        raise ValueError(accumulation)
     if mesh is not None and mesh.size != 1:
         raise ValueError(
             f"{where}: row groups run on one device; the mesh has {mesh.size} (it splits the "
@@ -245,6 +248,11 @@ def make_row_group_update_step(
         return jit_state_step(apply, mesh, state_shardings, (None, None))
 
     def step(state: TrainState, batch: Any) -> tuple[TrainState, dict[str, jax.Array]]:
+        if isinstance(state.opt_state, optax.MultiStepsState):
+            raise ValueError(
+                f"{accumulation} The state's optimizer accumulates gradients "
+                "(OptimConfig.accumulation_steps > 1): build it with accumulation_steps = 1."
+            )
         objective.check(batch, 1)
         N = jax.tree.leaves(batch)[0].shape[0]
         if N % groups:

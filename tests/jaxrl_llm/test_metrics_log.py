@@ -230,6 +230,14 @@ def test_nan_values_are_kept(tmp_path):
     assert np.isnan(record["kl/mean"]) and record["x"] == float("inf")
 
 
+def test_low_precision_floats_are_numbers(tmp_path):
+    # bfloat16 / float8 (ml_dtypes, not NumPy number types) log their exact value
+    with MetricsLogger(tmp_path, console=False, tensorboard=False) as log:
+        log.log(1, {"a": jnp.bfloat16(1.5), "b": jnp.asarray([0.375], jnp.float8_e4m3fn)})
+    record = read_metrics(tmp_path)[0]
+    assert (record["a"], record["b"]) == (1.5, 0.375)
+
+
 def test_bad_input_is_named(tmp_path):
     with MetricsLogger(tmp_path, console=False, tensorboard=False) as log:
         for step, metrics, message in (

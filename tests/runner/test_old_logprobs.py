@@ -9,6 +9,7 @@ import jax
 import numpy as np
 import pytest
 
+from jaxrl_llm.config import ConfigError
 from jaxrl_llm.runner import load_run_config, loop, prepare_run
 from jaxrl_llm.runner.compiled import compiled_steps
 from jaxrl_llm.runner.keys import SAMPLE_STREAM, stream_key
@@ -96,3 +97,21 @@ def _compiled(run_dir):
 def test_bad_values_are_refused():
     with pytest.raises(ValueError, match="`old_logprobs` must be 'forward' or 'sampler'"):
         AlgorithmConfig(old_logprobs="rollout")
+
+
+def test_a_rollout_correction_of_the_sampler_against_itself_is_refused(tmp_path):
+    # with no sampling filter the sampler's old log-probs equal its rollout log-probs: every
+    # importance weight would be 1
+    correction = ["algorithm.rollout_correction={level: token}"]
+    with pytest.raises(ConfigError, match="every weight would be 1; use old_logprobs 'forward'"):
+        load_run_config(
+            str(CONFIGS / "grpo.yaml"),
+            [*IN_GRAPH, *REUSE, "algorithm.old_logprobs=sampler", *correction],
+            run_dir=tmp_path,
+        )
+    for extra in (["algorithm.old_logprobs=forward"], ["sampling.top_k=8"]):
+        load_run_config(  # the trainer's forward, or a filter to correct: accepted
+            str(CONFIGS / "grpo.yaml"),
+            [*IN_GRAPH, *REUSE, "algorithm.old_logprobs=sampler", *correction, *extra],
+            run_dir=tmp_path,
+        )

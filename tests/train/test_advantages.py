@@ -156,6 +156,37 @@ def test_dapo_drops_zero_variance_groups_from_the_batch():
     assert float(metrics["adv/frac_zero_std"]) == pytest.approx(1 - spread.mean())
 
 
+@pytest.mark.parametrize("estimator", ["whiten", "batch_std", "reinforce_pp_baseline"])
+def test_dropped_groups_leave_the_batch_statistics(estimator):
+    # the kept rows' advantages are those of a batch without the dropped groups, as with
+    # DAPO's dynamic sampling (groups filtered before the batch is formed)
+    mask, s, *_ = _inputs(6)
+    base = preset("reinforce_pp_baseline" if estimator == "reinforce_pp_baseline" else "grpo")
+    advantage = dataclasses.replace(
+        base.advantage,
+        drop_zero_variance=True,
+        whiten=estimator == "whiten",
+        scale="batch" if estimator == "batch_std" else base.advantage.scale,
+    )
+    cfg = dataclasses.replace(base, advantage=advantage)
+    out = compute_advantages(cfg, _f32(s), _f32(mask), group_size=G)
+    g = s.reshape(B, G)
+    keep = np.repeat(g.max(1) > g.min(1), G)
+    assert not keep.all() and keep.any()
+    gk, mk = s[keep].reshape(-1, G), mask[keep]
+    centred = gk - gk.mean(1, keepdims=True)
+    if estimator == "batch_std":
+        ref = centred / (s[keep].std(ddof=1) + 1e-6)
+        ref = ref.reshape(-1, 1) * mk
+    elif estimator == "whiten":
+        ref = centred / (gk.std(1, ddof=1, keepdims=True) + 1e-6)
+        ref = _whiten(ref.reshape(-1, 1) * mk, mk)
+    else:
+        ref = _whiten(centred.reshape(-1, 1) * mk, mk)
+    np.testing.assert_allclose(np.asarray(out.advantages)[keep], ref, rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(np.asarray(out.advantages)[~keep], 0.0)
+
+
 def test_input_errors():
     mask, s, *_ = _inputs()
     with pytest.raises(ValueError, match="needs group_size >= 2"):

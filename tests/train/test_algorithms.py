@@ -81,6 +81,13 @@ def test_variant_yaml_loads():
             "is the k1 sum",
         ),
         (lambda: AlgorithmConfig(epochs=0), "`epochs` must be >= 1"),
+        (lambda: RolloutCorrectionConfig(high=0.0), "`high` must be > 0"),
+        (lambda: RolloutCorrectionConfig(low=-1.0), "`low` must be >= 0"),
+        (lambda: RolloutCorrectionConfig(low=3.0, high=2.0), "must be below `high`"),
+        (
+            lambda: PolicyLossConfig(name="online_dpo", loss_type="exo_pair"),
+            "cannot run loss_type 'exo_pair': dpo_loss: `label_smoothing` must lie in (0, 1)",
+        ),
         (lambda: preset("ppo2"), "unknown algorithm 'ppo2'"),
     ],
 )

@@ -572,6 +572,7 @@ def test_yaml_configs_load(name):
         ({"loss": "dpo", "loss_type": "exo_pair"}, r"label_smoothing` must lie in \(0, 1\)"),
         ({"loss": "dpo", "beta": -1.0}, "`beta` must be > 0"),
         ({"loss": "rpo", "nll_agg": "mean"}, "nll_agg: must be one of"),
+        ({"loss": "orpo", "nll_agg": "seq_mean_token_sum_norm"}, "the batch's padded width"),
         ({"loss": "dpo", "ld_alpha": 1.5}, r"`ld_alpha` must lie in \[0, 1\]"),
         ({"loss": "dpo", "epochs": 0}, "`epochs` must be an int >= 1"),
         ({"loss": "ppo"}, "must be one of 'dpo'"),

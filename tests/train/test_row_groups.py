@@ -152,6 +152,12 @@ def test_row_group_step_errors(compiled):
         make_row_group_update_step(objective, tx, groups=0)
     with pytest.raises(ValueError, match="accumulation is not supported"):
         make_row_group_update_step(objective, optax.MultiSteps(tx, 2), groups=2)
+    # OptimConfig's accumulation is a plain GradientTransformation: caught by its state
+    accumulating = make_optimizer(dataclasses.replace(SGD, accumulation_steps=2))
+    _, acc_state = fresh_state(alg, accumulating)
+    step = make_row_group_update_step(objective, accumulating, groups=2)
+    with pytest.raises(ValueError, match="build it with accumulation_steps = 1"):
+        step(acc_state, batch)
     with pytest.raises(ValueError, match="the mesh has 2"):
         make_row_group_update_step(objective, tx, groups=2, mesh=types.SimpleNamespace(size=2))
     mesh = make_mesh(MeshConfig(), devices=jax.devices()[:1])

@@ -927,6 +927,8 @@ def train_preference(
     seed: int = 0,
     data_config: Any = None,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
+    trainable: tuple[str, ...] = (),
+    frozen: tuple[str, ...] = (),
 ) -> tuple[nnx.Module, list[dict[str, float]]]:
     """One complete offline preference run: load, tokenize, batch, prepare, update; no I/O else.
 
@@ -952,6 +954,9 @@ def train_preference(
       seed: data order, minibatch shuffling.
       data_config: `jaxrl_llm.data.PreferenceDataConfig` (None: its defaults).
       on_step: called as `on_step(step, metrics)` after every step.
+      trainable, frozen: regexes of the parameter paths to train / to freeze (`split_models`;
+        paths start with `policy.`); () trains every parameter. A LoRA-adapted model trains
+        its adapters alone with `trainable=(LORA_PATTERN,)` (`jaxrl_llm.models`).
 
     Returns:
       `(model, history)`: the trained policy (a new module) and one dict of float metrics per
@@ -981,10 +986,10 @@ def train_preference(
     examples, data_config = _offline_examples(
         "train_preference", data, tokenizer, data_config, steps, batch_size, not config.paired
     )
-    graphs, params, frozen = split_models(policy)
+    graphs, params, fixed = split_models(policy, trainable=trainable, frozen=frozen)
     tx = make_optimizer(optim_config)
     moments = losses.init_running_moments() if config.loss == "bco" else None
-    state = init_train_state(params, frozen, tx, key=jax.random.key(seed), reward_moments=moments)
+    state = init_train_state(params, fixed, tx, key=jax.random.key(seed), reward_moments=moments)
     ref = reference_params(state.params)
     logprob_fn = make_logprob_fn(
         graphs.policy, chunk_size=config.chunk_size, group_size=config.prompt_group_size

@@ -231,6 +231,8 @@ def train_reward_model(
     seed: int = 0,
     data_config: Any = None,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
+    trainable: tuple[str, ...] = (),
+    frozen: tuple[str, ...] = (),
 ) -> tuple[ValueModel, list[dict[str, float]]]:
     """One complete reward-model run: load, tokenize, batch, update; no I/O else.
 
@@ -254,6 +256,10 @@ def train_reward_model(
       seed: data order.
       data_config: `jaxrl_llm.data.PreferenceDataConfig` (None: its defaults).
       on_step: called as `on_step(step, metrics)` after every step.
+      trainable, frozen: regexes of the parameter paths to train / to freeze (`split_models`;
+        paths start with `policy.`); () trains every parameter. A LoRA-adapted model trains
+        its adapters alone with `trainable=(LORA_PATTERN,)` (`jaxrl_llm.models`), and its score
+        head with them with `(LORA_PATTERN, "^policy[.]head[.]")`.
 
     Returns:
       `(model, history)`: the trained reward model and one dict of float metrics per step.
@@ -284,9 +290,9 @@ def train_reward_model(
     examples, data_config = _offline_examples(
         "train_reward_model", data, tokenizer, data_config, steps, batch_size, False
     )
-    graphs, params, frozen = split_models(model)
+    graphs, params, fixed = split_models(model, trainable=trainable, frozen=frozen)
     tx = make_optimizer(optim_config)
-    state = init_train_state(params, frozen, tx, key=jax.random.key(seed))
+    state = init_train_state(params, fixed, tx, key=jax.random.key(seed))
     update = make_update_step(
         reward_model_objective(config, graphs),
         tx,

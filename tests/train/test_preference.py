@@ -547,6 +547,31 @@ def test_simpo_orpo_kto_train_and_lower_their_loss(loss):
     assert isinstance(model, nnx.Module)
 
 
+def test_a_lora_policy_trains_its_adapters_alone_when_asked():
+    from jaxrl_llm.models import LORA_PATTERN, LoRAConfig, add_lora
+
+    records = arithmetic_preference_records(ArithmeticConfig(max_digits=1, train_size=8), seed=2)
+    policy = add_lora(
+        tiny_policy(9, vocab=VOCAB, layers=UPDATE_LAYERS), LoRAConfig(rank=2), rngs=nnx.Rngs(1)
+    )
+    before = jax.tree.map(np.array, nnx.to_pure_dict(nnx.state(policy, nnx.Param)))
+    model, _ = train_preference(
+        policy, TOKENIZER, records, PreferenceConfig(loss="dpo"),
+        OptimConfig(name="adamw", learning_rate=1e-2, weight_decay=0.1),
+        steps=2, batch_size=4, data_config=PreferenceDataConfig(bucket_minimum=4),
+        trainable=(LORA_PATTERN,),
+    )  # fmt: skip
+    after = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    flat_before = dict(jax.tree_util.tree_flatten_with_path(before)[0])
+    moved = {
+        jax.tree_util.keystr(path): bool(np.any(np.asarray(value) != flat_before[path]))
+        for path, value in jax.tree_util.tree_flatten_with_path(after)[0]
+    }
+    adapters = {k: v for k, v in moved.items() if "_lora_" in k}
+    assert adapters and all(adapters[k] for k in adapters if "_lora_b" in k), adapters
+    assert not any(v for k, v in moved.items() if "_lora_" not in k)  # base bit-identical
+
+
 # ---------------------------------------------------------------- configs and errors
 
 

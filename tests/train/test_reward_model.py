@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+import jax
 import numpy as np
 import pytest
 from flax import nnx
@@ -89,3 +90,17 @@ def test_a_trained_reward_model_ranks_its_pairs_and_scores_them_as_the_rl_reward
     chosen = np.array(score(prompts, [r["chosen"] for r in RECORDS]))
     rejected = np.array(score(prompts, [r["rejected"] for r in RECORDS]))
     assert (chosen > rejected).all(), (chosen, rejected)
+
+
+def test_a_linear_probe_trains_the_head_alone():
+    model = ValueModel(CFG, rngs=nnx.Rngs(2))
+    before = jax.tree.map(np.array, nnx.to_pure_dict(nnx.state(model, nnx.Param)))
+    trained, _ = train_reward_model(
+        model, ByteTokenizer(), RECORDS, RewardModelConfig(),
+        OptimConfig(name="adamw", learning_rate=1e-2), steps=2, batch_size=4,
+        trainable=(r"^policy\.head\.",),
+    )  # fmt: skip
+    after = nnx.to_pure_dict(nnx.state(trained, nnx.Param))
+    moved = jax.tree.map(lambda a, b: bool(np.any(np.asarray(a) != b)), after, before)
+    assert all(jax.tree.leaves(moved["head"]))
+    assert not any(jax.tree.leaves({k: v for k, v in moved.items() if k != "head"}))

@@ -31,6 +31,17 @@ def test_import_pulls_in_nothing_heavier_than_jax(package):
     assert out.stdout.strip() == "[]", out.stdout
 
 
+def test_importing_the_package_does_not_start_a_jax_backend():
+    # `jax.distributed.initialize` (multi-host runs, `jaxrl-llm train`) must come before any
+    # backend start-up, so importing the package (its config tables, presets) must not start one
+    code = (
+        "import jax._src.xla_bridge as xb, jaxrl_llm.cli, jaxrl_llm.runner, jaxrl_llm.train; "
+        "print(bool(xb._backends))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out.stdout + out.stderr
+
+
 def test_stable_api_names_exist():
     missing = [name for name in STABLE_LOSSES_API if not hasattr(losses, name)]
     assert not missing, f"losses is missing DESIGN.md names: {missing}"

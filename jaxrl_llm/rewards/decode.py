@@ -20,7 +20,10 @@ def decode_completions(
     Special tokens before the stop are kept visible (`<pad>`, `<bos>` with the
     `ByteTokenizer`), so a completion that emits them is not mistaken for a clean one: this is
     the text form of `jax_rewards.completion_content`, and `builtin.exact_answer` on it agrees
-    with `jax_rewards.exact_answer_reward`.
+    with `jax_rewards.exact_answer_reward`. So are ids the tokenizer does not know (a model
+    vocabulary padded beyond the tokenizer's, as many Hugging Face checkpoints have): each
+    shows as `<id:N>`, where a `transformers` tokenizer would drop it silently and the
+    `ByteTokenizer` would raise.
 
     Args:
       tokenizer: a `jaxrl_llm.tokenizer` tokenizer (`decode(ids, skip_special=...)`, `eos_id`).
@@ -37,6 +40,8 @@ def decode_completions(
       >>> tokens = np.array([[49, 57, 258, 50], [49, 256, 57, 258]])
       >>> decode_completions(tok, tokens, np.ones((2, 4), bool))
       ['19', '1<pad>9']
+      >>> decode_completions(tok, np.array([[49, 300, 57, 258]]), np.ones((1, 4), bool))
+      ['1<id:300>9']
     """
     tokens = np.asarray(completion_tokens)
     mask = np.asarray(completion_mask)
@@ -52,5 +57,22 @@ def decode_completions(
     for row, keep in zip(tokens, mask > 0, strict=True):
         ids = row[keep].tolist()
         cut = next((i for i, t in enumerate(ids) if t in stops), len(ids))
-        texts.append(tokenizer.decode(ids[:cut], skip_special=False))
+        texts.append(_decode_known(tokenizer, ids[:cut]))
     return texts
+
+
+def _decode_known(tokenizer: Any, ids: list[int]) -> str:
+    """`tokenizer.decode(ids, skip_special=False)`, with `<id:N>` for each id outside
+    `[0, tokenizer.vocab_size)` (the runs between them decoded on their own)."""
+    vocab = tokenizer.vocab_size
+    if all(0 <= t < vocab for t in ids):
+        return tokenizer.decode(ids, skip_special=False)
+    parts, run = [], []
+    for t in ids:
+        if 0 <= t < vocab:
+            run.append(t)
+            continue
+        parts += [tokenizer.decode(run, skip_special=False), f"<id:{t}>"]
+        run = []
+    parts.append(tokenizer.decode(run, skip_special=False))
+    return "".join(parts)

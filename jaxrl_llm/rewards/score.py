@@ -24,6 +24,7 @@ def score_completions(
     completion_mask: Any,
     tokenizer: Any,
     group_size: int,
+    stop_ids: int | Sequence[int] | None = None,
 ) -> RewardScores:
     """Decode `B·G` completions and score them with the configured failure policy.
 
@@ -40,6 +41,8 @@ def score_completions(
       completion_mask: `[B·G, T]` bool / {0,1}.
       tokenizer: the tokenizer the prompts were encoded with.
       group_size: `G`.
+      stop_ids: the sampler's stop token id(s): each completion is read up to the first of
+        them (`decode_completions`); default the tokenizer's EOS.
 
     Returns:
       `RewardScores(rewards[B·G, K], valid[B·G], failures, metrics)`.
@@ -62,7 +65,7 @@ def score_completions(
             f"for {len(examples)} examples and group_size={group_size}, got {len(prompts)} prompts "
             f"and a mask of shape {mask.shape}."
         )
-    texts = decode_completions(tokenizer, completion_tokens, mask)
+    texts = decode_completions(tokenizer, completion_tokens, mask, stop_ids=stop_ids)
     repeated = [p for p in prompts for _ in range(group_size)]
     fields = group_fields(examples, group_size)
     fields["completion_lengths"] = (mask > 0).sum(axis=1).tolist()

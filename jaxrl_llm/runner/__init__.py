@@ -54,7 +54,7 @@ from jaxrl_llm.runner.config import (
 )
 from jaxrl_llm.runner.context import RunContext, reference_policy
 from jaxrl_llm.runner.eval_run import evaluate_run, format_eval_table, parse_checkpoint
-from jaxrl_llm.runner.evaluate import evaluate_policy, evaluate_sft, pass_at_k
+from jaxrl_llm.runner.evaluate import evaluate_policy, evaluate_sft, evaluate_state, pass_at_k
 from jaxrl_llm.runner.faults import fault_point, parse_fault
 from jaxrl_llm.runner.health import (
     SkipTracker,
@@ -122,6 +122,7 @@ from jaxrl_llm.runner.scoring import (
     group_has_spread,
     process_groups,
     reward_metrics,
+    run_stop_ids,
 )
 from jaxrl_llm.runner.setup import (
     PreparedRun,
@@ -189,6 +190,7 @@ __all__ = [
     "evaluate_preference",
     "evaluate_run",
     "evaluate_sft",
+    "evaluate_state",
     "export_policy",
     "fault_point",
     "format_eval_table",
@@ -231,6 +233,7 @@ __all__ = [
     "rollout_metrics",
     "rollout_program",
     "run_rollout",
+    "run_stop_ids",
     "run_tokenizer",
     "run_training",
     "sampler_old_logprobs",

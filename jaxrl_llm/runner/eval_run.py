@@ -4,9 +4,10 @@ Builds the run's models and data as `train` would (without training or warm-star
 the policy of the chosen checkpoint from `run_dir/checkpoints` (`none`: the model as configured,
 before any training), evaluates it on the eval split (`runner.evaluate`: greedy accuracy,
 accuracy at temperature 1, pass@k; sampled with the key of the run's own evaluation at that
-step, so the command reproduces what the run logged there) and, for a preference run, on its held-out preference
-examples (`runner.preference.evaluate_preference`), prints a table and writes
-`run_dir/eval/step_<STEP>.json` (`step_initial.json` for `none`).
+step, so the command reproduces what the run logged there), and as the run does for its kind
+(`runner.evaluate.evaluate_state`: an SFT run's held-out NLL, a preference run's held-out
+preference examples); prints a table and writes `run_dir/eval/step_<STEP>.json`
+(`step_initial.json` for `none`).
 """
 
 from __future__ import annotations
@@ -21,9 +22,8 @@ import jax
 from jaxrl_llm.checkpoint import Checkpointer
 from jaxrl_llm.config import ConfigError
 from jaxrl_llm.runner.config import RunConfig, check_devices
-from jaxrl_llm.runner.evaluate import evaluate_policy
+from jaxrl_llm.runner.evaluate import evaluate_state
 from jaxrl_llm.runner.keys import EVAL_STREAM, fold_in, stream_key
-from jaxrl_llm.runner.preference import evaluate_preference
 from jaxrl_llm.runner.setup import CHECKPOINT_DIR, build_context
 from sharding import make_mesh
 
@@ -98,6 +98,11 @@ def evaluate_run(
     mesh = make_mesh(config.mesh)
     with jax.set_mesh(mesh):
         context, state, _ = build_context(config, mesh, run_dir, with_warm_start=False)
+    if train.eval_prompts == 0:
+        raise ConfigError(
+            "train.eval_prompts: 0 (evaluation off) leaves nothing to evaluate; pass --prompts N "
+            "or train.eval_prompts=N."
+        )
     if not context.task.eval and not context.preference_eval_examples:
         raise ConfigError(
             f"data.eval_source: {config.data.source!r} has no eval split to evaluate on."
@@ -123,8 +128,7 @@ def evaluate_run(
     # the key of the run's own evaluation at that step (step 0: before training), so that the
     # command reproduces the metrics the run logged for the checkpoint
     key = fold_in(stream_key(config.seed, EVAL_STREAM), 0 if label == "initial" else int(label))
-    metrics = evaluate_policy(context, state.params["policy"], state.frozen["policy"], key)
-    metrics.update(evaluate_preference(context, state))  # preference runs' held-out examples
+    metrics = evaluate_state(context, state, key)
     out = run_dir / EVAL_DIR / f"step_{label}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"checkpoint": label, **metrics}, indent=2, sort_keys=True) + "\n")

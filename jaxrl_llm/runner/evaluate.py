@@ -6,7 +6,8 @@ the run's first reward function (a completion is correct when it scores >= 1, as
 verifiers do for a right answer):
 
     eval/accuracy_greedy   mean over prompts of correct(greedy completion)
-    eval/accuracy          mean over prompts and n samples at temperature 1
+    eval/accuracy          mean over prompts and n samples at temperature 1 (the policy's own
+                           distribution: the run's top_k / top_p / min_p are not applied)
     eval/pass@k            mean over prompts of the unbiased estimator
                            pass@k = 1 − C(n − c, k) / C(n, k)     (c correct of n samples)
 
@@ -30,6 +31,7 @@ import numpy as np
 
 from jaxrl_llm.data import eval_batches
 from jaxrl_llm.runner.context import RunContext
+from jaxrl_llm.runner.preference import evaluate_preference
 from jaxrl_llm.runner.programs import nll_program, rollout_program
 from jaxrl_llm.runner.rollout import in_graph_stop_ids, run_rollout
 from jaxrl_llm.runner.scoring import component_rewards
@@ -127,7 +129,9 @@ def evaluate_policy(
     )
     sampled = rollout_program(
         ctx.graphs.policy,
-        dataclasses.replace(ctx.sampling, temperature=1.0, num_samples=n),
+        dataclasses.replace(
+            ctx.sampling, temperature=1.0, num_samples=n, top_k=None, top_p=None, min_p=None
+        ),
         in_graph_stop_ids(ctx.config, ctx.tokenizer),
     )
     greedy_hits, sampled_hits = [], []
@@ -152,6 +156,27 @@ def evaluate_policy(
         metrics[f"eval/pass@{k}"] = float(pass_at_k(n, correct, k).mean())
     metrics["time/eval_s"] = time.perf_counter() - started
     return metrics
+
+
+def evaluate_state(ctx: RunContext, state: Any, key: jax.Array) -> dict[str, float]:
+    """Everything a run evaluates for a train state: `evaluate_policy` with `key`, an SFT run's
+    held-out NLL (`evaluate_sft`), a preference run's held-out examples
+    (`runner.preference.evaluate_preference`). The training loop and `jaxrl-llm eval` both call
+    it, so the command reproduces the run's logged eval metrics.
+
+    Examples:
+      >>> from types import SimpleNamespace
+      >>> ctx = SimpleNamespace(task=SimpleNamespace(eval=[]), config=SimpleNamespace(kind="rl"),
+      ...                       preference_eval_examples=None)
+      >>> state = SimpleNamespace(params={"policy": None}, frozen={"policy": None})
+      >>> evaluate_state(ctx, state, key=None)
+      {}
+    """
+    policy, frozen = state.params["policy"], state.frozen["policy"]
+    metrics = evaluate_policy(ctx, policy, frozen, key)
+    if ctx.config.kind == "sft":
+        metrics.update(evaluate_sft(ctx, policy, frozen))
+    return {**metrics, **evaluate_preference(ctx, state)}
 
 
 def evaluate_sft(ctx: RunContext, params: Any, frozen: Any) -> dict[str, float]:

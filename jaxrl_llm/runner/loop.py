@@ -58,7 +58,7 @@ from jaxrl_llm.runner.compiled import compiled_steps
 from jaxrl_llm.runner.completion_width import completion_width, trim_collected, trim_to_longest
 from jaxrl_llm.runner.config import RunConfig, config_to_dict
 from jaxrl_llm.runner.context import RunContext, reference_policy
-from jaxrl_llm.runner.evaluate import evaluate_policy, evaluate_sft
+from jaxrl_llm.runner.evaluate import evaluate_state
 from jaxrl_llm.runner.faults import fault_point
 from jaxrl_llm.runner.health import (
     SkipTracker,
@@ -70,7 +70,7 @@ from jaxrl_llm.runner.health import (
 from jaxrl_llm.runner.keys import EVAL_STREAM, SAMPLE_STREAM, fold_in, stream_key
 from jaxrl_llm.runner.models import export_policy
 from jaxrl_llm.runner.packed_groups import packed_forward, packed_groups, packing_metrics
-from jaxrl_llm.runner.preference import _preference_step, evaluate_preference
+from jaxrl_llm.runner.preference import _preference_step
 from jaxrl_llm.runner.prefetch import BatchPrefetch
 from jaxrl_llm.runner.programs import (
     advantage_program,
@@ -338,11 +338,7 @@ def _meta(
 
 
 def _evaluation(ctx: RunContext, state: TrainState, step: int) -> dict[str, float]:
-    key = fold_in(stream_key(ctx.config.seed, EVAL_STREAM), step)
-    metrics = evaluate_policy(ctx, state.params["policy"], state.frozen["policy"], key)
-    if ctx.config.kind == "sft":
-        metrics.update(evaluate_sft(ctx, state.params["policy"], state.frozen["policy"]))
-    return {**metrics, **evaluate_preference(ctx, state)}
+    return evaluate_state(ctx, state, fold_in(stream_key(ctx.config.seed, EVAL_STREAM), step))
 
 
 def _plot(run_dir: Any) -> None:

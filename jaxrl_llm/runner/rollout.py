@@ -38,6 +38,7 @@ from jaxrl_llm.runner.scoring import (
     component_rewards,
     group_has_spread,
     reward_metrics,
+    run_stop_ids,
 )
 from jaxrl_llm.runner.task import prompt_batch
 from jaxrl_llm.sampler import Rollout
@@ -93,7 +94,8 @@ def sampler_old_logprobs(sequences: SequenceBatch, logprobs: jax.Array) -> jax.A
 
 
 def in_graph_stop_ids(config: Any, tokenizer: Any) -> tuple[int, ...] | None:
-    """The stop ids of the in-graph reward (None when rewards are scored on the host).
+    """The stop ids of the in-graph reward, the run's (`run_stop_ids`); None when rewards are
+    scored on the host.
 
     Examples:
       >>> from jaxrl_llm.rewards import RewardConfig
@@ -107,7 +109,7 @@ def in_graph_stop_ids(config: Any, tokenizer: Any) -> tuple[int, ...] | None:
     """
     if not config.rewards.jax_native:
         return None
-    return (tokenizer.eos_id,)
+    return run_stop_ids(config, tokenizer)
 
 
 def run_rollout(

@@ -59,6 +59,24 @@ class Scores(NamedTuple):
     metrics: dict[str, float]
 
 
+def run_stop_ids(config: RunConfig, tokenizer: Any) -> tuple[int, ...]:
+    """The token ids that end a completion in a run: `sampling.stop_tokens` and the tokenizer's
+    EOS. The sampler stops on them; the rewards, in-graph or on the host, read the completion
+    up to (not including) the first of them.
+
+    Examples:
+      >>> from jaxrl_llm.runner.config import ModelSection
+      >>> from jaxrl_llm.sampler import SamplingConfig
+      >>> from jaxrl_llm.tokenizer import ByteTokenizer
+      >>> from jaxrl_llm.train import SFTConfig
+      >>> cfg = RunConfig(model=ModelSection(checkpoint="/m"), sft=SFTConfig(),
+      ...                 sampling=SamplingConfig(stop_tokens=(10,)))
+      >>> run_stop_ids(cfg, ByteTokenizer())
+      (10, 258)
+    """
+    return tuple(sorted({*config.sampling.stop_tokens, tokenizer.eos_id}))
+
+
 def component_rewards(
     config: RunConfig,
     functions: list[Any],
@@ -97,6 +115,7 @@ def component_rewards(
         completion_mask=completion_mask,
         tokenizer=tokenizer,
         group_size=group_size,
+        stop_ids=run_stop_ids(config, tokenizer),
     )
     return scores.rewards, scores.valid, scores.metrics
 
@@ -152,6 +171,7 @@ def _score_on_processes(
                 completion_mask=np.asarray(completion_mask)[rows],
                 tokenizer=tokenizer,
                 group_size=G,
+                stop_ids=run_stop_ids(config, tokenizer),
             )
         except Exception as err:  # every process must reach the gather
             error, local["failed"] = err, np.asarray(True)

@@ -41,6 +41,7 @@ from jaxrl_llm.runner.preference import (
     precompute_reference,
 )
 from jaxrl_llm.runner.programs import prompt_group_size, update_program
+from jaxrl_llm.runner.scoring import run_stop_ids
 from jaxrl_llm.runner.task import load_task
 from jaxrl_llm.runner.warm_start import warm_start_policy
 from jaxrl_llm.sampler.config import with_stop_strings
@@ -153,7 +154,7 @@ def _sampling(config: RunConfig, tokenizer: Any) -> Any:
     `sampling.stop_strings` are matched with the tokenizer's vocabulary (`with_stop_strings`)."""
     import dataclasses
 
-    stops = tuple(sorted({*config.sampling.stop_tokens, tokenizer.eos_id}))
+    stops = run_stop_ids(config, tokenizer)
     sampling = dataclasses.replace(config.sampling, stop_tokens=stops, pad_id=tokenizer.pad_id)
     return with_stop_strings(sampling, tokenizer)
 

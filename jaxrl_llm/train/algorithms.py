@@ -233,13 +233,12 @@ class PolicyLossConfig:
     def _dry_run_online_dpo(self, where: str) -> None:
         """Trace online DPO's `dpo_loss` call on dummy pairs, so a loss type that needs a
         setting online DPO does not have (exo_pair's label smoothing) fails at load time."""
-        z = jnp.zeros(2, jnp.float32)
+        z = jax.ShapeDtypeStruct((2,), jnp.float32)  # abstract: no device, no backend start-up
         beta = 0.1 if self.beta is None else self.beta
+        loss_type = self.loss_type or "sigmoid"
         try:
             jax.eval_shape(
-                lambda: losses.dpo_loss(
-                    z, z, z, z, beta=beta, loss_type=self.loss_type or "sigmoid"
-                )
+                lambda c, r: losses.dpo_loss(c, r, c, r, beta=beta, loss_type=loss_type), z, z
             )
         except ValueError as error:
             raise ValueError(

@@ -82,6 +82,15 @@ def test_too_small_problem_space_is_an_error():
         arithmetic_examples(cfg, split="eval", seed=0)
 
 
+@pytest.mark.parametrize(("split", "fraction"), [("eval", 0.004), ("train", 0.996)])
+def test_a_small_share_of_a_large_space_fills_its_split(split, fraction):
+    # ~10^17 problems: a split of 0.4 % of them is not too small, it only needs more draws
+    cfg = ArithmeticConfig(
+        min_digits=9, max_digits=9, train_size=200, eval_size=200, eval_fraction=fraction
+    )
+    assert len(arithmetic_examples(cfg, split=split, seed=0)) == 200
+
+
 @pytest.mark.parametrize("seed", [0, 5])
 def test_sorting_task(seed):
     cfg = SortingConfig(min_length=2, max_length=4, max_value=5, train_size=300, eval_size=50)

@@ -71,6 +71,13 @@ def test_local_transformers_tokenizer(hf_tokenizer_dir):
     assert chat.render([{"role": "user", "content": "the cat"}]) == "<user>the cat</s><assistant>"
     custom = load_tokenizer(hf_tokenizer_dir, chat_template="{{ messages[0]['content'] }}!")
     assert custom.render("sat") == "sat!"
+    # ids of a model vocabulary padded beyond the tokenizer's: transformers drops them, the
+    # rewards' text shows them
+    from jaxrl_llm.rewards import decode_completions
+
+    assert tok.decode([4, 12, 5]) == "the cat"
+    texts = decode_completions(tok, np.array([[4, 12, 5, 2]]), np.ones((1, 4), bool))
+    assert texts == ["the<id:12>cat"]
 
 
 def test_tokenizer_errors(tmp_path):

@@ -18,6 +18,8 @@ from jaxrl_llm.tokenizer import ByteTokenizer
 
 TOK = ByteTokenizer()
 EOS, PAD, BOS = TOK.eos_id, TOK.pad_id, TOK.bos_id
+MODEL_VOCAB = 300  # a model vocabulary padded beyond the tokenizer's 259 ids (as HF models have)
+NEWLINE = 10
 reward_fn = jax.jit(exact_answer_reward, static_argnames="stop_ids")
 content_fn = jax.jit(completion_content, static_argnames="stop_ids")
 
@@ -27,13 +29,13 @@ def _random_completion(
 ) -> tuple[list[int], list[bool]]:
     """A completion that is right, nearly right, or malformed, with its mask."""
     ids = list(answer.encode())
-    kind = rng.integers(12)
+    kind = rng.integers(14)
     if kind == 0:  # correct, then EOS
         body = [*ids, EOS]
     elif kind == 1:  # correct, no EOS (truncated)
         body = ids
     elif kind == 2:  # correct, EOS, then garbage (ignored after the stop)
-        body = [*ids, EOS, *rng.integers(0, 259, size=3).tolist()]
+        body = [*ids, EOS, *rng.integers(0, MODEL_VOCAB, size=3).tolist()]
     elif kind == 3:  # one digit changed
         body = list(ids)
         body[rng.integers(len(body))] = int(
@@ -58,24 +60,31 @@ def _random_completion(
     elif kind == 8:  # empty completion: EOS first
         body = [EOS]
     elif kind == 9:  # random bytes and specials
-        body = rng.integers(0, 259, size=rng.integers(1, T + 1)).tolist()
+        body = rng.integers(0, MODEL_VOCAB, size=rng.integers(1, T + 1)).tolist()
     elif kind == 10:  # the answer twice
         body = [*ids, *ids, EOS]
+    elif kind == 11:  # an id the tokenizer does not know, inside or after the answer
+        body = list(ids)
+        body.insert(int(rng.integers(len(body) + 1)), int(rng.integers(259, MODEL_VOCAB)))
+        body.append(EOS)
+    elif kind == 12:  # correct, then a newline (a stop token in one of the cases)
+        body = [*ids, NEWLINE, *rng.integers(48, 58, size=2).tolist()]
     else:  # random digits
         body = [*rng.integers(48, 58, size=rng.integers(1, 5)).tolist(), EOS]
     body = body[:T]
     mask = [True] * len(body)
     if rng.random() < 0.25 and len(body) > 1:  # a hole: an extra token the mask excludes
         at = int(rng.integers(1, len(body)))
-        body.insert(at, int(rng.integers(0, 259)))
+        body.insert(at, int(rng.integers(0, MODEL_VOCAB)))
         mask.insert(at, False)
         body, mask = body[:T], mask[:T]
     pad = T - len(body)
-    fill = rng.integers(0, 259, size=pad).tolist() if rng.random() < 0.5 else [PAD] * pad
+    fill = rng.integers(0, MODEL_VOCAB, size=pad).tolist() if rng.random() < 0.5 else [PAD] * pad
     return body + fill, mask + [False] * pad
 
 
-def test_jax_reward_agrees_with_text_verifier_on_random_completions():
+@pytest.mark.parametrize("stop_ids", [(EOS,), (NEWLINE, EOS)])
+def test_jax_reward_agrees_with_text_verifier_on_random_completions(stop_ids):
     rng = np.random.default_rng(0)
     cfg = ArithmeticConfig(
         min_digits=1, max_digits=3, operations=("+", "-", "*"), allow_negative=True, train_size=600
@@ -86,8 +95,8 @@ def test_jax_reward_agrees_with_text_verifier_on_random_completions():
     tokens, mask = zip(*(_random_completion(rng, e["answer"], T) for e in examples), strict=True)
     tokens, mask = np.array(tokens, np.int32), np.array(mask)
 
-    reward = reward_fn(tokens, mask, batch.answer_tokens, batch.answer_lengths, stop_ids=EOS)
-    texts = decode_completions(TOK, tokens, mask)
+    reward = reward_fn(tokens, mask, batch.answer_tokens, batch.answer_lengths, stop_ids=stop_ids)
+    texts = decode_completions(TOK, tokens, mask, stop_ids=stop_ids)
     expected = exact_answer(list(batch.prompts), texts, answer=[e["answer"] for e in examples])
     np.testing.assert_array_equal(np.asarray(reward), expected)
     assert reward.dtype == jnp.float32

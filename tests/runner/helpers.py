@@ -92,6 +92,12 @@ def checksum_reward(prompts, completions, **fields):
     return [(sum(c.encode("utf-8", "surrogatepass")) % 7) / 6.0 for c in completions]
 
 
+def length_reward(prompts, completions, completion_lengths, **fields):
+    """A reward of the completion's token count (stop token included), `(length mod 5) / 4`: for
+    runs whose stop tokens leave most completions' text empty."""
+    return [(n % 5) / 4.0 for n in completion_lengths]
+
+
 def even_checksum(prompts, completions, **fields):
     """1.0 where the byte sum of prompt and completion is even (about half of the rows)."""
     return [

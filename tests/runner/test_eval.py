@@ -74,6 +74,12 @@ def test_eval_command_on_a_trained_run(tmp_path, capsys):
     shared = [k for k in logged if k.startswith("eval/") and k in result]
     assert "eval/accuracy" in shared and "eval/pass@2" in shared
     assert {k: result[k] for k in shared} == {k: logged[k] for k in shared}
+    # the temperature-1 samples are plain samples of the policy: the run's top-k is not applied
+    assert main(["eval", GRPO, *overrides, "sampling.top_k=1", "--run-dir", str(tmp_path)]) == 0
+    filtered = json.loads((tmp_path / "eval" / "step_2.json").read_text())
+    assert {k: v for k, v in filtered.items() if k != "time/eval_s"} == {
+        k: v for k, v in result.items() if k != "time/eval_s"
+    }
 
     # the greedy accuracy, recomputed with the public sampler on the exported policy
     from jaxrl_llm.runner import load_run_config, load_task
@@ -112,6 +118,8 @@ def test_eval_command_on_a_trained_run(tmp_path, capsys):
     capsys.readouterr()
     assert main(["eval", GRPO, *overrides, "--checkpoint", "7", "--run-dir", str(tmp_path)]) == 2
     assert "step 7 has no complete checkpoint" in capsys.readouterr().err
+    assert main(["eval", GRPO, *overrides, "--prompts", "0", "--run-dir", str(tmp_path)]) == 2
+    assert "train.eval_prompts: 0 (evaluation off)" in capsys.readouterr().err
 
 
 def test_sft_eval_nll_is_the_token_mean_over_every_fitting_eval_pair(tmp_path):
@@ -141,3 +149,9 @@ def test_sft_eval_nll_is_the_token_mean_over_every_fitting_eval_pair(tmp_path):
     long = [dict(ctx.task.eval[0], answer="9" * 5)]  # answer + EOS longer than T = 3
     assert not answer_fits(ctx.task, long[0], config, ctx.tokenizer)
     assert evaluate_sft(ctx._replace(task=ctx.task._replace(eval=long)), policy, frozen) == {}
+    # `jaxrl-llm eval` reports it too, as the run's own evaluation does (the initial model)
+    args = ["eval", str(CONFIGS / "sft.yaml"), *overrides, "--checkpoint", "none"]
+    assert main([*args, "--run-dir", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "eval" / "step_initial.json").read_text())
+    assert result["eval/sft/tokens"] == out["eval/sft/tokens"]
+    np.testing.assert_allclose(result["eval/sft/nll"], out["eval/sft/nll"], rtol=1e-6)

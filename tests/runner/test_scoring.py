@@ -89,6 +89,26 @@ def test_truncation_penalty_shapes_the_total_of_truncated_rows_alike_on_host_and
     np.testing.assert_allclose(in_graph, expected, rtol=1e-6)
 
 
+def test_a_stop_token_ends_the_completion_for_the_host_and_the_in_graph_reward():
+    """`sampling.stop_tokens` stop the sampler, and both rewards read the text before them (a
+    right answer that stopped on a newline scores 1)."""
+    from jaxrl_llm.data import TemplateConfig, make_prompt_batch
+    from jaxrl_llm.runner.rollout import in_graph_stop_ids
+
+    tok = ByteTokenizer()
+    tokens = np.array([[49, 57, 10, 55], [49, 57, 258, 0], [49, 10, 57, 258]])
+    mask = np.ones_like(tokens, bool)
+    example = {"prompt": "9+10=", "answer": "19"}
+    batch = make_prompt_batch([example] * 3, template=TemplateConfig(), tokenizer=tok)
+    exact = ["sampling.stop_tokens=[10]", "rewards.functions=[{fn: exact_answer}]"]
+    host = _config(*exact)
+    functions = host.rewards.resolve()
+    rewards, _, _ = component_rewards(host, functions, batch, tokens, mask, None, tok, 1)
+    np.testing.assert_array_equal(rewards[:, 0], [1.0, 1.0, 0.0])
+    native = _config(*exact, "rewards.jax_native=true")
+    assert in_graph_stop_ids(native, tok) == scoring.run_stop_ids(native, tok) == (10, 258)
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [

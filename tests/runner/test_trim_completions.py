@@ -1,9 +1,10 @@
 """`train.trim_completions`: the RL loop cuts each batch's completions to its longest, bucketed
 (`jaxrl_llm.runner.completion_width`), with the steps of the full width.
 
-The run: the tiny run of the runner tests with 32 completion slots and three quarters of the
-byte ids as stop tokens, so that every row stops within a few tokens and the batch is cut to
-4 or 8 slots (`train.trim_minimum=4`). Two steps with and without the cut must give the same
+The run: the tiny run of the runner tests with 32 completion slots and half of the byte ids as
+stop tokens, so that every row stops within a few tokens and the batch is cut to 4, 8 or 16
+slots (`train.trim_minimum=4`), rewarded by its length (the text before the stop token is
+often empty). Two steps with and without the cut must give the same
 metrics and parameters up to float rounding, for a group-normalised loss (GRPO), Dr. GRPO's
 constant length normaliser (kept at `max_new_tokens`, not the cut width), PPO's critic with
 GAE, and DAPO's dynamic sampling (the kept rows' lengths). The same for two SFT steps and a
@@ -24,10 +25,12 @@ from tests.extended import extended
 from tests.runner.helpers import CONFIGS, TINY
 
 T = 32
-STOPS = "sampling.stop_tokens=[" + ",".join(str(i) for i in range(256) if i % 4) + "]"
+STOPS = "sampling.stop_tokens=[" + ",".join(str(i) for i in range(256) if i % 2) + "]"
 RUN = [
     *TINY,
     STOPS,
+    # the text before the first stop token is mostly empty: a reward of the lengths differs
+    "rewards.functions=[{fn: 'tests.runner.helpers:length_reward'}]",
     f"sampling.max_new_tokens={T}",
     "train.prompts_per_step=4",
     "train.trim_minimum=4",

@@ -12,6 +12,7 @@ kept when they fall in the requested split; eval examples are also kept unique.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -54,11 +55,16 @@ def sample_split(
     """
     if split not in ("train", "eval"):
         raise ValueError(f"{where}: `split` must be 'train' or 'eval', got {split!r}.")
+    if not 0.0 < eval_fraction < 1.0:
+        raise ValueError(f"{where}: `eval_fraction` must be in (0, 1), got {eval_fraction!r}.")
     rng = np.random.default_rng([seed, 0 if split == "train" else 1])
     want_eval = split == "eval"
     out: list[Example] = []
     seen: set[str] = set()
-    budget = 1000 + 200 * size
+    # a split holds a share of the problems: about size / share draws fill it, 200× that (and
+    # 1000 more) before the space is called too small (eval examples must also be distinct)
+    share = eval_fraction if want_eval else 1.0 - eval_fraction
+    budget = 1000 + math.ceil(200 * size / share)
     for _ in range(budget):
         if len(out) == size:
             return out
@@ -74,6 +80,7 @@ def sample_split(
         return out
     raise ValueError(
         f"{where}: found only {len(out)} of the {size} {split} examples asked for in {budget} "
-        f"draws; the problem space is too small for this split (eval_fraction={eval_fraction}): "
+        f"draws, 200 times the draws a split of {share:.3g} of the problems needs; the problem "
+        f"space is too small for this split (eval_fraction={eval_fraction}): "
         f"lower `{split}_size`, change `eval_fraction`, or allow larger problems."
     )

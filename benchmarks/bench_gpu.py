@@ -182,11 +182,18 @@ def resolve_rates(device: Any, bandwidth: float | None, peak_flops: float | None
             f"bench_gpu: no datasheet rates for {device.device_kind!r}; pass --bandwidth "
             "(HBM bytes/s) and --peak-flops (dense bf16 FLOP/s)"
         )
-    given = bandwidth is not None and peak_flops is not None
+    if bandwidth is not None and peak_flops is not None:
+        label = "given on the command line"
+    elif bandwidth is not None:
+        label = f"{sheet.card}; HBM bandwidth given on the command line"
+    elif peak_flops is not None:
+        label = f"{sheet.card}; bf16 peak given on the command line"
+    else:
+        label = sheet.card
     return Rates(
         bandwidth if bandwidth is not None else sheet.bandwidth,
         peak_flops if peak_flops is not None else sheet.peak_flops,
-        "given on the command line" if given else sheet.card,
+        label,
     )
 
 

@@ -6,7 +6,9 @@ step, the log-prob forward), so a change there must not leave `make bench` broke
 `benchmarks/bench_attention.py`'s, `benchmarks/bench_preference.py`'s,
 `benchmarks/bench_trim.py`'s and `benchmarks/bench_pack_forms.py`'s measurements and their
 report tables; and of the GPU benchmark's roofline and MFU arithmetic and its report table
-(the benchmark itself needs a GPU to mean anything). Nothing here is timed or compared. The
+(the benchmark itself needs a GPU to mean anything). The FLOP model every table divides by is
+checked against a hand derivation, the parameter counts against the real models, and the
+speed-up columns for their direction. Nothing here is timed or compared. The
 preference and pack-forms benchmarks' smoke tests are extended cases (`make test-all`:
 tests/extended.py).
 """
@@ -209,3 +211,92 @@ def test_the_gpu_benchmark_reports_against_the_cards_datasheet():
         resolve_rates(Device("gpu", "Tesla T4"), None, None)
     cpu = resolve_rates(Device("cpu", "cpu"), None, None)  # a smoke run: nominal H100 SXM rates
     assert cpu.bandwidth == 3.35e12 and "nominal" in cpu.card
+
+
+def test_the_workloads_flop_model_equals_a_hand_derivation():
+    """The FLOPs every benchmark table divides by, against arithmetic written out here."""
+    from benchmarks.workloads import MODELS, Workload, iteration_flops
+
+    # tiny: per layer q,k,v,o 64·16·(2·4 + 2·2) + MLP 3·64·128 = 36,864; 2 layers
+    M, attn, DV = 2 * 36_864, 4 * 2 * 4 * 16, 2 * 64 * 259
+    # 2 prompts × G = 4, P = 16, T = 16: N = 8 rows of S = 32, logits on the 16 completions
+    forward = 8 * (2 * M * 32 + attn * 32 * 32) + DV * 8 * 16
+    prefill = 2 * (2 * M * 16 + attn * 16 * 16) + DV * 2  # the prompts once, one logit row each
+    decode = 8 * 16 * (2 * M + attn * 32 + DV)  # every step attends over the whole P + T cache
+    tiny = iteration_flops(Workload("tiny", 2, 4, 16))
+    assert tiny == {
+        "sample": prefill + decode,
+        "reference": forward,
+        "update": 3 * forward,
+        "iteration": prefill + decode + 4 * forward,
+    }
+    assert tiny["iteration"] == 215_008_000
+    assert iteration_flops(Workload("small", 8, 8, 64))["iteration"] == 166_202_454_016
+    # parameters: matmuls, the tied embedding once, q/k norms and the two norms of each layer
+    assert MODELS["tiny"].num_params == M + 64 * 259 + 2 * (2 * 64 + 2 * 16) + 64 == 90_688
+    import jax
+    from flax import nnx
+
+    from jaxrl_llm.models import Decoder
+
+    for shape in MODELS.values():
+        model = Decoder(shape.model_config(), rngs=nnx.Rngs(0))
+        real = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+        assert real == shape.num_params, shape.name
+
+
+def test_the_grpo_table_divides_the_faster_peer_by_ours():
+    from benchmarks import report
+
+    name = "tiny__2x4x16"
+    grpo = {
+        f"ours_loop__{name}": {"seconds_per_step": 0.01},
+        f"ours_compiled__{name}": {"seconds_per_step": 0.004, "iterations_per_call": 4},
+        f"peer_tunix__{name}": {"seconds_per_step": 0.03},
+        f"peer_trl__{name}": {"seconds_per_step": 0.02, "torch_threads": 2},
+        f"peer_trl_1thread__{name}": {"seconds_per_step": 0.05, "torch_threads": 1},
+    }
+    row = next(line for line in report.grpo_table(grpo) if line.startswith("| tiny 2×4×16"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[-2:] == ["2.00×", "5.00×"]  # TRL's 0.02 s (the faster peer) / ours
+    assert cells[4] == "0.02 (2 thr)"
+
+
+def test_the_gpu_report_keeps_partial_runs_and_names_given_rates(tmp_path):
+    """`gpu_session.sh` writes runs with one part, or variants alone: each gets its rows."""
+    from benchmarks import bench_gpu, report
+
+    decode = {
+        "batch": 64, "tokens_per_s": 2e4, "ms_per_decode_step": 3.2, "fraction_of_roofline": 0.1,
+        "compile_short_s": 1.0, "compile_long_s": 2.0,
+    }  # fmt: skip
+    update = {
+        "rows": 16, "seq": 512, "median_s": 0.1, "achieved_flops": 2e14, "mfu": 0.2,
+        "compile_s": 3.0, "peak_flops": 1e15,
+    }  # fmt: skip
+    head = {"device": "gpu: X", "bandwidth": 3e12, "peak_flops": 1e15, "rates": "X"}
+    runs = {
+        "a_decode": {**head, "decode": decode},
+        "b_update": {**head, "update": update},
+        "c_variants": {**head, "decode_variants": [{**decode, "layer_unroll": 24}]},
+        "d_ceilings": {**head, "ceilings": {"bandwidth": 2e12, "bf16_matmul_flops": 5e14}},
+    }
+    (tmp_path / "gpu").mkdir()
+    for name, run in runs.items():
+        (tmp_path / "gpu" / f"{name}.json").write_text(json.dumps(run))
+    table = report.gpu_table(tmp_path)
+    titles = [line for line in table if line.startswith("### ")]
+    assert [t.rsplit(" ", 1)[-1] for t in titles] == ["a_decode", "b_update", "c_variants"]
+    rows = [line for line in table if line.startswith("| ") and not line.startswith("| part")]
+    assert [r.split("|")[1].strip() for r in rows] == [
+        "decode, batch 64 (default loop)",
+        "update, 16 × 512 tokens, remat dots",
+        "decode, batch 64, layer_unroll 24",
+    ]
+
+    class Device:
+        platform, device_kind = "gpu", "NVIDIA H200"
+
+    label = bench_gpu.resolve_rates(Device(), 4e12, None).card
+    assert label == "H200 SXM; HBM bandwidth given on the command line"
+    assert "peak given" in bench_gpu.resolve_rates(Device(), None, 1e15).card

@@ -9,9 +9,12 @@ from it), `GRPOTrainer` with `GRPOConfig(num_generations=G,
 per_device_train_batch_size=B·G, max_completion_length=T, beta=0.04, epsilon=0.2,
 learning_rate=1e-3, max_grad_norm=1, num_iterations=1, temperature=1, top_p=1, top_k=0)`,
 AdamW (TRL's default optimizer) with a constant learning rate and no warm-up, `use_cpu`,
-a byte tokenizer (`ByT5Tokenizer`, 259 ids: the same vocabulary size, its own id layout),
-prompts left-padded by the trainer, generation stops at EOS, and the exact-answer reward on
-the decoded text.
+a byte tokenizer (`ByT5Tokenizer`, 259 ids: the same vocabulary size, its own id layout;
+without the EOS it appends to every text, which TRL's prompts would otherwise end with),
+prompts left-padded by the trainer to `PROMPT_LEN` = 16 ids as ours and Tunix's
+(`pad_to_multiple_of`: TRL pads only to the batch's longest prompt on a CPU, 7 ids here, which
+would time it on less work than the FLOP count credits), generation stops at EOS, and the
+exact-answer reward on the decoded text.
 
 Every optimizer step is one GRPO iteration (generation → reward → advantages → reference
 log-probs → update; `steps_per_generation = 1`). A `TrainerCallback` records the time at each
@@ -36,6 +39,7 @@ from benchmarks.workloads import (
     EPSILON,
     LEARNING_RATE,
     MAX_GRAD_NORM,
+    PROMPT_LEN,
     Workload,
     arithmetic_prompts,
     emit,
@@ -73,6 +77,19 @@ def _model(w: Workload, seed: int):
     return transformers.Qwen3ForCausalLM(config)
 
 
+def _prompt_tokenizer():
+    """`ByT5Tokenizer` (left padding) that appends no EOS: a prompt is its bytes alone, as ours."""
+    import transformers
+
+    class PromptTokenizer(transformers.ByT5Tokenizer):
+        def build_inputs_with_special_tokens(self, token_ids_0, token_ids_1=None):
+            return token_ids_0 + (token_ids_1 or [])
+
+    tokenizer = PromptTokenizer(extra_ids=0)
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
 def run(w: Workload, steps: int) -> dict:
     import datasets
     import torch
@@ -82,10 +99,12 @@ def run(w: Workload, steps: int) -> dict:
     started = time.perf_counter()
     model_dir = tempfile.mkdtemp(prefix="trl_bench_model_")
     _model(w, seed=0).save_pretrained(model_dir)  # TRL loads the policy and the reference
-    tokenizer = transformers.ByT5Tokenizer(extra_ids=0)
-    tokenizer.padding_side = "left"
+    tokenizer = _prompt_tokenizer()
     N = w.prompts * w.samples
     pairs = arithmetic_prompts(w.prompts * (steps + 2), seed=0)
+    longest = max(len(tokenizer(p)["input_ids"]) for p, _ in pairs)
+    if longest > PROMPT_LEN:  # TRL pads to a multiple of PROMPT_LEN: one width, as ours
+        raise RuntimeError(f"a prompt of {longest} ids is over PROMPT_LEN = {PROMPT_LEN}")
     dataset = datasets.Dataset.from_dict(
         {"prompt": [p for p, _ in pairs], "answer": [a for _, a in pairs]}
     )
@@ -126,6 +145,7 @@ def run(w: Workload, steps: int) -> dict:
         disable_tqdm=True,
         seed=0,
         dataloader_num_workers=0,
+        pad_to_multiple_of=PROMPT_LEN,
     )
     trainer = trl.GRPOTrainer(
         model=model_dir,

@@ -141,8 +141,12 @@ class HFTokenizer(_BatchEncoding):
         self.vocab_size = len(tokenizer)
 
     def encode(self, text: str, *, add_bos: bool = True, add_eos: bool = False) -> list[int]:
-        """Token ids of `text` (the tokenizer's own special tokens when `add_bos`)."""
-        ids = self.tokenizer.encode(text, add_special_tokens=add_bos)
+        """Token ids of `text` (the tokenizer's own special tokens when `add_bos`, unless the
+        text already starts with its BOS, as a Llama or Gemma chat template's output does:
+        then nothing is added, as `transformers`' `apply_chat_template(tokenize=True)`)."""
+        bos = self.tokenizer.bos_token
+        specials = add_bos and not (bos and text.startswith(bos))
+        ids = self.tokenizer.encode(text, add_special_tokens=specials)
         return ids + [self.eos_id] * (add_eos and self.eos_id is not None)
 
     def decode(self, ids: Sequence[int], *, skip_special: bool = True) -> str:

@@ -175,8 +175,9 @@ def token_rejection_mask(score: ArrayLike, mask: ArrayLike, *, max_reject: Any =
     when scores tie at `q` (tied tokens are kept): the rejected fraction never exceeds
     `max_reject`. `max_reject = 0` keeps every valid token and `max_reject = 1` none. A product
     `max_reject·n` within float32 rounding of an integer counts as that integer (so `1/3` of 3
-    tokens is 1). NaN scores on valid tokens are rejected (NaN ≤ q is false); scores outside the
-    mask are ignored.
+    tokens is 1). NaN scores on valid tokens rank as the largest and are always rejected (NaN ≤ q
+    is false), even beyond `r`; the other tokens are kept as if the NaN scores were +inf. Scores
+    outside the mask are ignored.
 
     Source: "Stabilizing Policy Gradients for Sample-Efficient Reinforcement Learning in LLM
     Reasoning" (CAPO, curvature-aware policy optimization, arXiv 2510.00819), which masks the
@@ -211,7 +212,8 @@ def token_rejection_mask(score: ArrayLike, mask: ArrayLike, *, max_reject: Any =
     rejected = jnp.floor(
         _snap_to_integer(n.astype(jnp.float32) * jnp.asarray(max_reject, jnp.float32))
     )
-    ordered = jnp.sort(replicated(jnp.where(valid, s, jnp.inf).reshape(-1)))
+    # NaN scores sort as +inf (as the largest: rejected first), so q is never NaN
+    ordered = jnp.sort(replicated(jnp.where(valid & ~jnp.isnan(s), s, jnp.inf).reshape(-1)))
     kept = n - rejected.astype(jnp.int32)
     index = jnp.clip(kept - 1, 0, ordered.shape[0] - 1)
     return valid & (s <= ordered[index]) & (kept > 0)

@@ -80,6 +80,12 @@ def make_prompt_batch(
     examples = tuple(dict(e) for e in examples)
     prompts = tuple(render_prompt(e, template, tokenizer) for e in examples)
     rows = [tokenizer.encode(p, add_bos=True) for p in prompts]
+    empty = [i for i, r in enumerate(rows) if not r]
+    if empty:  # nothing to condition on: the sampler and the forwards need a prompt token
+        raise DataError(
+            f"make_prompt_batch: example {empty[0]}'s prompt {prompts[empty[0]]!r} has no "
+            f"tokens ({len(empty)} empty prompt(s))."
+        )
     if prompt_length is not None:
         too_long = [i for i, r in enumerate(rows) if len(r) > prompt_length]
         if too_long:

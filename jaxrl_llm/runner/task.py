@@ -70,10 +70,20 @@ def _has_eval_split(config: RunConfig) -> bool:
 
 
 def _prompt_lengths(examples: Sequence[dict], config: RunConfig, tokenizer: Any) -> np.ndarray:
+    """Each example's prompt length in tokens; a prompt of no tokens is a `DataError` (the
+    sampler and the forwards need a token to condition on)."""
     template = config.data.template
-    return np.asarray(
+    lengths = np.asarray(
         [len(tokenizer.encode(render_prompt(e, template, tokenizer))) for e in examples], int
     )
+    if len(lengths) and not lengths.min():
+        i = int(np.argmin(lengths))
+        raise DataError(
+            f"data: example {i}'s prompt {render_prompt(examples[i], template, tokenizer)!r} has "
+            f"no tokens ({int((lengths == 0).sum())} empty prompt(s)); give every example a "
+            "prompt, or a template or tokenizer that adds a token."
+        )
+    return lengths
 
 
 def _answer_ids(example: dict, config: RunConfig, tokenizer: Any) -> list[int]:

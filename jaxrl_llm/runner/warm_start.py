@@ -148,7 +148,10 @@ def _train(
     nll = []
     for i in range(section.steps):
         indices, position = next_batch(
-            position, num_examples=len(task.sft_train), batch_size=section.batch_size
+            position,
+            num_examples=len(task.sft_train),
+            batch_size=section.batch_size,
+            shuffle=config.data.shuffle,
         )
         examples = [task.train[task.sft_train[j]] for j in indices]
         batch = sft_batch(task, examples, config, tokenizer)

@@ -256,6 +256,18 @@ def test_rejection_keeps_ties_and_rejects_the_largest():
     assert not np.asarray(_reject_static(s, ones, max_reject=1.0)).any()
 
 
+@pytest.mark.parametrize("max_reject", [0.0, 0.08, 0.5])
+def test_nan_scores_are_rejected_and_the_rest_ranked_as_if_they_were_largest(max_reject):
+    s = np.array([[0.1, np.nan, 0.3], [0.2, 0.5, 0.4]], np.float32)
+    ones = np.ones((2, 3))
+    # the NaN ranks as +inf: q = the (n − r)-th smallest of [0.1, 0.2, 0.3, 0.4, 0.5, +inf]
+    ranked = np.where(np.isnan(s), np.inf, s)
+    expected = np_rejection(ranked, ones, max_reject) & ~np.isnan(s)
+    got = np.asarray(_reject_static(s, ones, max_reject=max_reject))
+    np.testing.assert_array_equal(got, expected)
+    assert got[~np.isnan(s)].sum() >= 5 - int(max_reject * 6)  # finite tokens not all dropped
+
+
 def test_rejection_empty_mask_and_no_gradient():
     _, _, H, m = _inputs(6)
     assert not np.asarray(_reject(H, np.zeros_like(m), max_reject=0.5)).any()

@@ -78,6 +78,46 @@ def test_local_transformers_tokenizer(hf_tokenizer_dir):
     assert tok.decode([4, 12, 5]) == "the cat"
     texts = decode_completions(tok, np.array([[4, 12, 5, 2]]), np.ones((1, 4), bool))
     assert texts == ["the<id:12>cat"]
+    # this tokenizer adds no BOS: an empty prompt would leave nothing to condition on
+    from jaxrl_llm.data import DataError, TemplateConfig, make_prompt_batch
+
+    with pytest.raises(DataError, match=r"example 1's prompt '' has no tokens"):
+        make_prompt_batch([{"prompt": "the"}, {"prompt": ""}], template=TemplateConfig(),
+                          tokenizer=tok, answer_field=None)  # fmt: skip
+
+
+def test_a_chat_template_that_writes_the_bos_gets_it_once(tmp_path):
+    """A Llama- or Gemma-style template starts with `{{ bos_token }}` and the tokenizer's
+    post-processor adds a BOS too: prompts carry one BOS, as `apply_chat_template` gives."""
+    tokenizers = pytest.importorskip("tokenizers")
+    transformers = pytest.importorskip("transformers")
+    from jaxrl_llm.data import TemplateConfig, make_prompt_batch
+
+    words = ["<pad>", "<s>", "</s>", "<unk>", "the", "cat", "sat", "<user>", "<assistant>"]
+    vocab = {w: i for i, w in enumerate(words)}
+    backend = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    backend.post_processor = tokenizers.processors.TemplateProcessing(
+        single="<s> $A", special_tokens=[("<s>", 1)]
+    )
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+        unk_token="<unk>",
+    )  # fmt: skip
+    fast.chat_template = "{{ bos_token }}{% for m in messages %}{{ m['content'] }} {% endfor %}"
+    fast.save_pretrained(tmp_path)
+    tok = load_tokenizer(tmp_path, chat_template=True)
+    messages = [{"role": "user", "content": "the cat"}]
+    expected = fast.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+    expected = list(expected["input_ids"] if hasattr(expected, "keys") else expected)
+    assert expected == [1, 4, 5]  # one BOS, then "the cat"
+    assert tok.encode(tok.render(messages)) == expected
+    batch = make_prompt_batch(
+        [{"prompt": "the cat"}], template=TemplateConfig(chat=True), tokenizer=tok,
+        answer_field=None,
+    )  # fmt: skip
+    assert np.asarray(batch.prompt_tokens)[0].tolist() == expected
+    assert tok.encode("the cat") == [1, 4, 5]  # plain text: the post-processor's BOS
 
 
 def test_tokenizer_errors(tmp_path):

@@ -224,6 +224,24 @@ def test_a_packed_warm_start_trains_as_the_padded_one(tmp_path):
     assert setups[0]["warm_start/nll_last"] < setups[0]["warm_start/nll_first"]
 
 
+def test_the_warm_start_follows_data_shuffle(tmp_path, monkeypatch):
+    """`data.shuffle: false` (file order) holds for the warm start's batches too."""
+    from jaxrl_llm.runner import warm_start
+
+    seen = []
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("shuffle", True))
+        return warm_start.next_batch.__wrapped__(*args, **kwargs)
+
+    spy.__wrapped__ = warm_start.next_batch
+    monkeypatch.setattr(warm_start, "next_batch", spy)
+    common = [*TINY, "train.steps=1", "train.eval_prompts=0", "export.enabled=false"]
+    ws = "warm_start={steps: 2, learning_rate: 1.0e-2, batch_size: 4}"
+    assert main(["train", GRPO, *common, ws, "data.shuffle=false", "--run-dir", str(tmp_path)]) == 0
+    assert seen == [False, False]
+
+
 def test_sft_and_warm_start_share_the_optimizer_settings():
     """The tests' SFT run and warm start compile one SFT step (same optimizer and shapes)."""
     sft = load_run_config(CONFIGS / "sft.yaml", [*TINY, *SFT_OPTIM], run_dir="x")

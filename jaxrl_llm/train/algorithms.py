@@ -277,7 +277,8 @@ class KLConfig:
       estimator: "k1", "k2", "k3" or "abs"; None: k3 as a loss, k1 in the reward (§3.4).
       target: with a value, β follows the adaptive controller (`losses.adaptive_kl_update`,
         KL measured as k1 between the batch's old and reference log-probs); None: fixed β.
-      horizon: the adaptive controller's horizon (samples).
+      horizon: the adaptive controller's horizon (samples; None: 10000); read only with a
+        `target`, so it is refused without one.
 
     Examples:
       >>> KLConfig(mode="loss", coef=0.04).resolved_estimator
@@ -290,7 +291,7 @@ class KLConfig:
     coef: float = 0.0
     estimator: Literal["k1", "k2", "k3", "abs"] | None = None
     target: float | None = None
-    horizon: float = 10000.0
+    horizon: float | None = None
 
     def __post_init__(self) -> None:
         where = "KLConfig"
@@ -308,7 +309,12 @@ class KLConfig:
             raise ValueError(f"{where}: mode={self.mode!r} needs `coef` > 0, got {self.coef!r}.")
         if self.target is not None and not self.target > 0:
             raise ValueError(f"{where}: `target` must be > 0 or null, got {self.target!r}.")
-        if not self.horizon > 0:
+        if self.horizon is not None and self.target is None:
+            raise ValueError(
+                f"{where}: `horizon` is read only by the adaptive controller; set `target` too, "
+                f"or remove it (got horizon={self.horizon!r})."
+            )
+        if self.horizon is not None and not self.horizon > 0:
             raise ValueError(f"{where}: `horizon` must be > 0, got {self.horizon!r}.")
         if self.mode == "loss" and self.estimator == "k1":
             raise ValueError(
@@ -540,7 +546,8 @@ def kl_controller(config: KLConfig) -> losses.KLController:
     """
     if config.target is None:
         return losses.fixed_kl_controller(config.coef)
-    return losses.adaptive_kl_controller(config.coef, target=config.target, horizon=config.horizon)
+    horizon = 10000.0 if config.horizon is None else config.horizon
+    return losses.adaptive_kl_controller(config.coef, target=config.target, horizon=horizon)
 
 
 def _policy_loss_fn(config: PolicyLossConfig) -> Callable[..., tuple[jax.Array, dict]]:

@@ -66,6 +66,8 @@ def test_variant_yaml_loads():
         (lambda: PolicyLossConfig(norm_length=8), "only used by agg 'seq_mean_token_sum_norm'"),
         (lambda: KLConfig(mode="loss"), "needs `coef` > 0"),
         (lambda: KLConfig(coef=0.1), "mode='none' takes no `coef`"),
+        (lambda: KLConfig(mode="loss", coef=0.1, horizon=50.0), "set `target` too"),
+        (lambda: KLConfig(horizon=50.0), "read only by the adaptive controller"),
         (lambda: KLConfig(mode="loss", coef=0.1, estimator="k1"), "k1 has a zero-mean gradient"),
         (lambda: CriticConfig(coef=0.0), "`coef` must be > 0"),
         (lambda: AlgorithmConfig(critic=CriticConfig()), "the 'gae' estimator needs a `critic`"),

@@ -8,6 +8,7 @@ config and the input shapes, never by the weights).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,17 +39,25 @@ def _prompt_rows(prompt_tokens: Any, prompt_mask: Any, vocab_size: int) -> list[
         and isinstance(prompt_tokens, Sequence)
         and not isinstance(prompt_tokens, str)
     ):
-        try:
-            rows = [[int(t) for t in row] for row in prompt_tokens]
-        except (TypeError, ValueError):
+        ids = [
+            list(row) if isinstance(row, Sequence | np.ndarray) else row for row in prompt_tokens
+        ]
+        if not all(isinstance(row, list) and all(map(_is_token_id, row)) for row in ids):
             raise ValueError(
-                "generate: `prompt_tokens` must be token ids (a list of token-id lists or an "
+                "generate: `prompt_tokens` must be token ids (a list of lists of ints, or an "
                 f"integer array [B, P]), got {prompt_tokens!r:.80}; encode texts with the "
                 "tokenizer first."
-            ) from None
+            )
+        rows = [[int(t) for t in row] for row in ids]
     else:
-        tokens = np.asarray(prompt_tokens)
-        mask = np.ones(tokens.shape, bool) if prompt_mask is None else np.asarray(prompt_mask)
+        try:
+            tokens = np.asarray(prompt_tokens)
+            mask = np.ones(tokens.shape, bool) if prompt_mask is None else np.asarray(prompt_mask)
+        except ValueError:  # ragged lists with a mask
+            raise ValueError(
+                "generate: with `prompt_mask`, `prompt_tokens` must be an integer array [B, P] "
+                "(rows of one length)."
+            ) from None
         if tokens.ndim != 2 or not np.issubdtype(tokens.dtype, np.integer):
             raise ValueError(
                 "generate: `prompt_tokens` must be a list of token-id lists or an integer array "
@@ -59,6 +68,13 @@ def _prompt_rows(prompt_tokens: Any, prompt_mask: Any, vocab_size: int) -> list[
                 f"generate: `prompt_mask` must have the prompts' shape {tokens.shape}, "
                 f"got {mask.shape}."
             )
+        for i, m in enumerate(mask > 0):
+            runs = int(m[0]) + np.count_nonzero(np.diff(m.astype(np.int8)) == 1)  # runs of 1s
+            if runs > 1:
+                raise ValueError(
+                    f"generate: `prompt_mask` row {i} has a hole ({m.astype(int).tolist()}); "
+                    "a prompt is one run of real tokens, padded on the left or the right."
+                )
         rows = [row[m > 0].tolist() for row, m in zip(tokens, mask, strict=True)]
     if not rows:
         raise ValueError("generate: `prompt_tokens` holds no prompt.")
@@ -72,6 +88,10 @@ def _prompt_rows(prompt_tokens: Any, prompt_mask: Any, vocab_size: int) -> list[
                 f"[0, {vocab_size})."
             )
     return rows
+
+
+def _is_token_id(t: Any) -> bool:
+    return isinstance(t, int | np.integer) and not isinstance(t, bool | np.bool_)
 
 
 def _budgets(max_new_tokens: Any, num_prompts: int, num_samples: int) -> tuple[int, np.ndarray]:
@@ -174,9 +194,15 @@ def generate(
     if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
         raise ValueError(f"generate: `num_samples` must be an int >= 1, got {num_samples!r}.")
     T, budgets = _budgets(max_new_tokens, len(rows), num_samples)
-    stops = (
-        _default_stop_tokens(model) if stop_tokens is None else tuple(int(t) for t in stop_tokens)
-    )
+    if stop_tokens is None:
+        stops = _default_stop_tokens(model)
+    else:
+        stops = (stop_tokens,) if _is_token_id(stop_tokens) else tuple(stop_tokens)
+        if not all(map(_is_token_id, stops)):
+            raise ValueError(
+                f"generate: `stop_tokens` must be a token id or a list of them, got {stop_tokens!r}."
+            )
+        stops = tuple(int(t) for t in stops)
     if pad_id is None:
         pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
     if isinstance(pad_id, int) and not 0 <= pad_id < vocab:  # it also left-pads the prompts
@@ -211,9 +237,15 @@ def generate(
         if tokenizer is None:
             raise ValueError("generate: `stop_strings` need the `tokenizer` they are matched with.")
         config = with_stop_strings(config, tokenizer)
-    P = bucket_length(
-        max(len(r) for r in rows), multiple=config.bucket_multiple, minimum=config.min_bucket
-    )
+    longest = max(len(r) for r in rows)
+    context = model.config.max_position_embeddings
+    if context is not None and longest + T > context:  # RoPE runs on; quality is not assured
+        warnings.warn(
+            f"generate: the longest prompt ({longest} tokens) plus max_new_tokens ({T}) is over "
+            f"the model's context of {context} positions (max_position_embeddings).",
+            stacklevel=2,
+        )
+    P = bucket_length(longest, multiple=config.bucket_multiple, minimum=config.min_bucket)
     tokens, mask = left_pad(rows, length=P, pad_id=pad_id)
     graphdef, state = nnx.split(model)
     B, N = len(rows), len(rows) * num_samples

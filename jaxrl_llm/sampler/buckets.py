@@ -25,7 +25,9 @@ def bucket_length(length: int, *, multiple: int | None = None, minimum: int = 16
     for name, value in (("length", length), ("minimum", minimum)):
         if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
             raise ValueError(f"bucket_length: `{name}` must be an int >= 1, got {value!r}.")
-    if multiple is not None and (isinstance(multiple, bool) or multiple < 1):
+    if multiple is not None and (
+        isinstance(multiple, bool) or not isinstance(multiple, int | np.integer) or multiple < 1
+    ):
         raise ValueError(
             f"bucket_length: `multiple` must be None or an int >= 1, got {multiple!r}."
         )

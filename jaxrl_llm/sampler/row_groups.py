@@ -158,7 +158,13 @@ def split_row_keys(key: Any, num_rows: int, groups: int) -> list[jax.Array]:
       True
     """
     if not isinstance(key, jax.Array) or not jax.numpy.issubdtype(key.dtype, jax.dtypes.prng_key):
-        key = jax.random.wrap_key_data(jax.numpy.asarray(key))
+        key = jax.numpy.asarray(key)
+        if key.dtype != jax.numpy.uint32:  # as `sample_tokens` says it in one group
+            raise ValueError(
+                f"sample_tokens: `key` must be a PRNG key (jax.random.key) or raw uint32 key "
+                f"data, got dtype {key.dtype}."
+            )
+        key = jax.random.wrap_key_data(key)
     keys = jax.random.split(key, num_rows) if key.shape == () else key
     if keys.shape != (num_rows,):
         raise ValueError(

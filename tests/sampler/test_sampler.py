@@ -12,7 +12,7 @@ import pytest
 from flax import nnx
 
 from jaxrl_llm.config import ConfigError, build
-from jaxrl_llm.models import KVCache
+from jaxrl_llm.models import Decoder, KVCache
 from jaxrl_llm.sampler import (
     SamplingConfig,
     broadcast_cache,
@@ -296,6 +296,24 @@ def test_bad_inputs_raise_clear_errors():
         generate(m, ["hello"], max_new_tokens=2, key=key)
     with pytest.raises(ValueError, match=r"`temperature` 1e-38 is below 1e-06.*use 0"):
         generate(m, [[1]], max_new_tokens=2, key=key, temperature=1e-38)
+    # a mask with a hole would join the prompt's pieces and renumber their positions
+    with pytest.raises(ValueError, match=r"`prompt_mask` row 0 has a hole \(\[1, 0, 1\]\)"):
+        generate(m, np.array([[1, 2, 3]]), prompt_mask=np.array([[1, 0, 1]]), max_new_tokens=2,
+                 key=key)  # fmt: skip
+    for ids in ([[1.7, 2.2]], [["1", "2"]], [[True, 2]]):  # not silently cast to ints
+        with pytest.raises(ValueError, match="`prompt_tokens` must be token ids"):
+            generate(m, ids, max_new_tokens=2, key=key)
+    with pytest.raises(ValueError, match=r"\[B, P\] \(rows of one length\)"):
+        generate(m, [[1], [2, 3]], prompt_mask=[[1], [1, 1]], max_new_tokens=2, key=key)
+    with pytest.raises(ValueError, match="`stop_tokens` must be a token id or a list of them"):
+        generate(m, [[1]], max_new_tokens=2, key=key, stop_tokens=[0.5])
+    one_stop = generate(m, [[1]], max_new_tokens=3, key=key, stop_tokens=np.int64(5))
+    assert one_stop.tokens.shape == generate(m, [[1]], max_new_tokens=3, key=key).tokens.shape
+    with pytest.raises(ValueError, match=r"`key` must be a PRNG key .* got dtype int32"):
+        generate(m, [[1], [2]], max_new_tokens=2, key=np.array([0, 7], np.int32), row_groups=2)
+    with pytest.warns(UserWarning, match=r"over the model's context of 8 positions"):
+        short = Decoder(dataclasses.replace(m.config, max_position_embeddings=8), rngs=nnx.Rngs(0))
+        generate(short, [list(range(1, 7))], max_new_tokens=3, key=key)
     graphdef, state = nnx.split(m)
     with pytest.raises(ValueError, match=r"`prompt_tokens` must be an integer array \[B, P\]"):
         sample_tokens(
@@ -337,6 +355,8 @@ def test_buckets_and_left_padding():
     assert bucket_length(3, minimum=1) == 4 and bucket_length(65, multiple=64) == 128
     with pytest.raises(ValueError, match="`length` must be an int >= 1"):
         bucket_length(0)
+    with pytest.raises(ValueError, match=r"`multiple` must be None or an int >= 1, got 2\.5"):
+        bucket_length(5, multiple=2.5)
     with pytest.raises(ValueError, match="prompt 0 has 3 tokens; every prompt needs 1 to 2"):
         left_pad([[1, 2, 3]], length=2, pad_id=0)
 

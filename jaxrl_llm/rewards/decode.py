@@ -54,19 +54,21 @@ def decode_completions(
         stop_ids = tokenizer.eos_id
     stops = {stop_ids} if isinstance(stop_ids, int | np.integer) else set(stop_ids)
     texts = []
-    for row, keep in zip(tokens, mask > 0, strict=True):
+    known = (tokens >= 0) & (tokens < tokenizer.vocab_size)
+    for row, keep, row_known in zip(tokens, mask > 0, known, strict=True):
         ids = row[keep].tolist()
         cut = next((i for i, t in enumerate(ids) if t in stops), len(ids))
-        texts.append(_decode_known(tokenizer, ids[:cut]))
+        if row_known[keep][:cut].all():
+            texts.append(tokenizer.decode(ids[:cut], skip_special=False))
+        else:
+            texts.append(_decode_unknown(tokenizer, ids[:cut]))
     return texts
 
 
-def _decode_known(tokenizer: Any, ids: list[int]) -> str:
+def _decode_unknown(tokenizer: Any, ids: list[int]) -> str:
     """`tokenizer.decode(ids, skip_special=False)`, with `<id:N>` for each id outside
     `[0, tokenizer.vocab_size)` (the runs between them decoded on their own)."""
     vocab = tokenizer.vocab_size
-    if all(0 <= t < vocab for t in ids):
-        return tokenizer.decode(ids, skip_special=False)
     parts, run = [], []
     for t in ids:
         if 0 <= t < vocab:

@@ -68,13 +68,14 @@ def _prompt_rows(prompt_tokens: Any, prompt_mask: Any, vocab_size: int) -> list[
                 f"generate: `prompt_mask` must have the prompts' shape {tokens.shape}, "
                 f"got {mask.shape}."
             )
-        for i, m in enumerate(mask > 0):
-            runs = int(m[0]) + np.count_nonzero(np.diff(m.astype(np.int8)) == 1)  # runs of 1s
-            if runs > 1:
-                raise ValueError(
-                    f"generate: `prompt_mask` row {i} has a hole ({m.astype(int).tolist()}); "
-                    "a prompt is one run of real tokens, padded on the left or the right."
-                )
+        real = (mask > 0).astype(np.int8)
+        runs = real[:, 0] + (np.diff(real, axis=1) == 1).sum(axis=1)  # runs of real tokens
+        if (runs > 1).any():
+            i = int(np.argmax(runs > 1))
+            raise ValueError(
+                f"generate: `prompt_mask` row {i} has a hole ({real[i].tolist()}); a prompt is "
+                "one run of real tokens, padded on the left or the right."
+            )
         rows = [row[m > 0].tolist() for row, m in zip(tokens, mask, strict=True)]
     if not rows:
         raise ValueError("generate: `prompt_tokens` holds no prompt.")

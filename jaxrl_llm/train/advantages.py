@@ -15,8 +15,9 @@ samples of one prompt (`n = b·G + g`). Per `config.advantage.estimator` (ALGORI
 With `drop_zero_variance` (DAPO) `keep[n]` is False for rows whose group's raw rewards are all
 equal (`losses.zero_variance_mask`). Their rows leave every batch-wide statistic above (the batch
 std of `scale: batch`, the whitening, the token whitening of `reinforce_pp_baseline`), and
-`build_rl_batch` zeroes their completion mask, so they also leave the loss and its normalisers (the in-graph form of DAPO's dynamic sampling; a loop that
-re-samples to refill the batch reads `keep` to know how many groups survived).
+`build_rl_batch` zeroes their completion mask, so they also leave the loss and its normalisers
+(the in-graph form of DAPO's dynamic sampling; a loop that re-samples to refill the batch reads
+`keep` to know how many groups survived).
 """
 
 from __future__ import annotations

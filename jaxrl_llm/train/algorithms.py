@@ -277,8 +277,8 @@ class KLConfig:
       estimator: "k1", "k2", "k3" or "abs"; None: k3 as a loss, k1 in the reward (§3.4).
       target: with a value, β follows the adaptive controller (`losses.adaptive_kl_update`,
         KL measured as k1 between the batch's old and reference log-probs); None: fixed β.
-      horizon: the adaptive controller's horizon (samples; None: 10000); read only with a
-        `target`, so it is refused without one.
+      horizon: the adaptive controller's horizon (samples; None: `losses.adaptive_kl_controller`'s
+        10000); read only with a `target`, so it is refused without one.
 
     Examples:
       >>> KLConfig(mode="loss", coef=0.04).resolved_estimator
@@ -546,8 +546,8 @@ def kl_controller(config: KLConfig) -> losses.KLController:
     """
     if config.target is None:
         return losses.fixed_kl_controller(config.coef)
-    horizon = 10000.0 if config.horizon is None else config.horizon
-    return losses.adaptive_kl_controller(config.coef, target=config.target, horizon=horizon)
+    horizon = {} if config.horizon is None else {"horizon": config.horizon}  # None: the default
+    return losses.adaptive_kl_controller(config.coef, target=config.target, **horizon)
 
 
 def _policy_loss_fn(config: PolicyLossConfig) -> Callable[..., tuple[jax.Array, dict]]:

@@ -257,7 +257,7 @@ def _convert(args: argparse.Namespace) -> int:
 
     try:
         summary = check_checkpoint(args.checkpoint, dtype=args.dtype, out=args.out)
-    except ValueError as err:
+    except (ValueError, OSError) as err:  # OSError: an --out that cannot be written
         print(f"jaxrl-llm convert: {err}", file=sys.stderr)
         return 2
     print(

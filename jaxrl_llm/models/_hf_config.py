@@ -153,6 +153,10 @@ def _family_kwargs(cfg: ModelConfig) -> dict[str, Any]:
     if cfg.family in ("qwen2", "qwen3", "gemma2", "gemma3_text"):
         out["layer_types"] = list(cfg.layer_types)
         out["sliding_window"] = cfg.sliding_window
+        if cfg.family.startswith("gemma") and cfg.sliding_window is None:
+            # transformers' Gemma 2/3 build a window mask whatever `layer_types` says;
+            # one as long as the context changes nothing (every layer is full here)
+            out["sliding_window"] = cfg.max_position_embeddings
     elif sliding:
         raise ValueError(f"{cfg.family} has no sliding-window layers in transformers.")
     if cfg.family == "gemma3_text" and cfg.attn_logit_softcap:
@@ -161,7 +165,12 @@ def _family_kwargs(cfg: ModelConfig) -> dict[str, Any]:
             "attn_logit_softcapping key is read and never applied)."
         )
     if cfg.family.startswith("gemma") and cfg.family != "gemma":
-        out["query_pre_attn_scalar"] = cfg.query_pre_attn_scalar
+        scalar = cfg.query_pre_attn_scalar or cfg.head_dim  # None: the scale is head_dim ** -0.5
+        if scalar != int(scalar):
+            raise ValueError(
+                f"{cfg.family}: transformers takes an integer query_pre_attn_scalar, got {scalar}."
+            )
+        out["query_pre_attn_scalar"] = int(scalar)
         out["attn_logit_softcapping"] = cfg.attn_logit_softcap
         out["final_logit_softcapping"] = cfg.final_logit_softcap
     elif cfg.query_pre_attn_scalar or cfg.attn_logit_softcap or cfg.final_logit_softcap:
@@ -183,9 +192,17 @@ def to_hf_dict(cfg: ModelConfig, *, dtype: str = "float32") -> dict[str, Any]:
     """The `config.json` mapping for `cfg`, built and normalised by `transformers`."""
     import transformers
 
+    hf = transformers.AutoConfig.for_model(cfg.family, **hf_kwargs(cfg, dtype=dtype))
+    hf.architectures = [cfg.architecture]
+    return hf.to_dict()
+
+
+def hf_kwargs(cfg: ModelConfig, *, dtype: str = "float32") -> dict[str, Any]:
+    """The `transformers` config arguments for `cfg`, without importing `transformers`; a
+    ValueError names what `transformers` cannot express (checked when a run's config loads)."""
     if cfg.family == "qwen2" and cfg.attention_bias:
         raise ValueError("qwen2 has fixed biases (q, k, v); attention_bias must be False.")
-    kwargs = {
+    return {
         "vocab_size": cfg.vocab_size,
         "hidden_size": cfg.hidden_size,
         "intermediate_size": cfg.intermediate_size,
@@ -204,6 +221,3 @@ def to_hf_dict(cfg: ModelConfig, *, dtype: str = "float32") -> dict[str, Any]:
         "dtype": dtype,
         **_family_kwargs(cfg),
     }
-    hf = transformers.AutoConfig.for_model(cfg.family, **kwargs)
-    hf.architectures = [cfg.architecture]
-    return hf.to_dict()

@@ -170,7 +170,13 @@ class ModelConfig:
             path = path / "config.json"
         if not path.is_file():
             raise ValueError(f"no config.json at {path}")
-        return _from_hf(json.loads(path.read_text()))
+        try:
+            mapping = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise ValueError(f"{path}: not valid JSON ({err})") from err
+        if not isinstance(mapping, dict):
+            raise ValueError(f"{path}: expected a JSON object, got {type(mapping).__name__}")
+        return _from_hf(mapping)
 
     def to_hf_dict(self, *, dtype: str = "float32") -> dict[str, Any]:
         """The `config.json` mapping that `transformers` reads back into the same architecture."""

@@ -40,6 +40,8 @@ from sharding.rules import LOGICAL_AXIS_RULES, Rules, logical_to_spec
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+_PARTIAL = ".partial.safetensors"  # a shard being written
 
 
 def _weight_files(path: pathlib.Path) -> dict[str, pathlib.Path]:
@@ -258,7 +260,8 @@ def save_pretrained(
 
     Args:
       model: a `Decoder` (with its LM head) or a `ValueModel`.
-      path: output directory (created; existing weight files of the same names are replaced).
+      path: output directory (created). An earlier export there is replaced: its config,
+        weight files and index; a save that fails while writing the tensors leaves it as it was.
       dtype: dtype of the written tensors; default the model's `param_dtype`.
       max_shard_bytes: start a new `model-XXXXX-of-YYYYY.safetensors` file past this size.
 
@@ -294,27 +297,36 @@ def save_pretrained(
     config_dict["architectures"] = [architecture]
     if isinstance(model, ValueModel):
         config_dict["id2label"], config_dict["label2id"] = {"0": "LABEL_0"}, {"LABEL_0": 0}
-    (path / "config.json").write_text(json.dumps(config_dict, indent=2, sort_keys=True) + "\n")
-
     pending: dict[str, np.ndarray] = {}
     size = total = 0
-    written = []
-    for name, tensor in _host_tensors(model, maps, np_dtype):
-        if pending and size + tensor.nbytes > max_shard_bytes:
-            written.append(_flush(pending, path, len(written), save_file))
-            size = 0
-        pending[name] = tensor
-        size += tensor.nbytes
-        total += tensor.nbytes
-    written.append(_flush(pending, path, len(written), save_file))
+    written: list[tuple[pathlib.Path, list[str]]] = []
+    try:
+        for name, tensor in _host_tensors(model, maps, np_dtype):
+            if pending and size + tensor.nbytes > max_shard_bytes:
+                written.append(_flush(pending, path, len(written), save_file))
+                size = 0
+            pending[name] = tensor
+            size += tensor.nbytes
+            total += tensor.nbytes
+        written.append(_flush(pending, path, len(written), save_file))
+    except BaseException:  # the directory keeps what it held before: no half-written files
+        for file in path.glob(f"model-*{_PARTIAL}"):
+            file.unlink(missing_ok=True)
+        raise
+    # an earlier export's config.json goes first and the new one comes last, so an interrupted
+    # finish leaves a directory that nothing loads, never new weights under an old config
+    (path / CONFIG_FILE).unlink(missing_ok=True)
     _finish_shards(path, written, total)
+    tmp = path / f"{CONFIG_FILE}.tmp"
+    tmp.write_text(json.dumps(config_dict, indent=2, sort_keys=True) + "\n")
+    tmp.replace(path / CONFIG_FILE)
 
 
 def _flush(
     tensors: dict[str, np.ndarray], path: pathlib.Path, i: int, save_file: Any
 ) -> tuple[pathlib.Path, list[str]]:
     """Write `tensors` to a partial shard file and empty the dict."""
-    file = path / f"model-{i + 1:05d}.partial.safetensors"
+    file = path / f"model-{i + 1:05d}{_PARTIAL}"
     save_file(tensors, str(file), metadata={"format": "pt"})
     names = sorted(tensors)
     tensors.clear()
@@ -324,16 +336,23 @@ def _flush(
 def _finish_shards(
     path: pathlib.Path, written: list[tuple[pathlib.Path, list[str]]], total_bytes: int
 ) -> None:
-    """Rename the partial files to their final names and write the index when sharded."""
+    """Rename the partial files to their final names, write the index when sharded, and
+    remove an earlier export's weight files that the new one does not replace."""
     (path / INDEX_FILE).unlink(missing_ok=True)
-    if len(written) == 1:
-        written[0][0].replace(path / SINGLE_FILE)
-        return
-    (path / SINGLE_FILE).unlink(missing_ok=True)
-    weight_map = {}
-    for i, (file, names) in enumerate(written):
-        final = f"model-{i + 1:05d}-of-{len(written):05d}.safetensors"
+    finals = (
+        [SINGLE_FILE]
+        if len(written) == 1
+        else [f"model-{i + 1:05d}-of-{len(written):05d}.safetensors" for i in range(len(written))]
+    )
+    for old in [path / SINGLE_FILE, *path.glob("model-*-of-*.safetensors")]:
+        if old.name not in finals:
+            old.unlink(missing_ok=True)
+    for (file, _), final in zip(written, finals, strict=True):
         file.replace(path / final)
+    if len(written) == 1:
+        return
+    weight_map = {}
+    for (_, names), final in zip(written, finals, strict=True):
         weight_map.update(dict.fromkeys(names, final))
     index = {"metadata": {"total_size": total_bytes}, "weight_map": weight_map}
     (path / INDEX_FILE).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import pathlib
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 pytest.importorskip("torch")
 
-from jaxrl_llm.models import ModelConfig, from_pretrained, save_pretrained
+from flax import nnx
+
+from jaxrl_llm.models import Decoder, ModelConfig, from_pretrained, save_pretrained
 from tests.models.conftest import (
+    DIMS,
     FAMILIES,
     jit_forward,
     positions_for,
@@ -61,6 +67,62 @@ def test_sharded_index_is_written_and_read(hf_checkpoints, tmp_path):
     np.testing.assert_allclose(ours, torch_logits(torch_model, tokens), atol=TOL, rtol=0)
     reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
     np.testing.assert_allclose(torch_logits(reloaded.eval(), tokens), ours, atol=TOL, rtol=0)
+
+
+def test_an_export_replaces_the_one_before_and_a_failed_one_keeps_it(
+    hf_checkpoints, tmp_path, monkeypatch
+):
+    """A sharded export, then a single-file one into the same directory: no stale shards. Then
+    a save that fails while writing (a full disk): the directory still holds the last export,
+    its config with its own weights, and no half-written file."""
+    import safetensors.numpy
+
+    _, path = hf_checkpoints["qwen3"]
+    first = from_pretrained(path)
+    graphdef, state = nnx.split(first)
+    second = nnx.merge(graphdef, jax.tree.map(lambda x: 0.5 * x, state))
+    save_pretrained(first, tmp_path, max_shard_bytes=20_000)
+    assert len(list(tmp_path.glob("model-*-of-*.safetensors"))) > 2
+    save_pretrained(second, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors"]
+    tokens = random_tokens((2, 6), seed=3)
+    expected = jit_forward(second, tokens, positions_for(tokens))
+
+    def full_disk(tensors, filename, metadata=None):
+        pathlib.Path(filename).write_bytes(b"half a shard")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(safetensors.numpy, "save_file", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        save_pretrained(first, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors"]
+    again = jit_forward(from_pretrained(tmp_path), tokens, positions_for(tokens))
+    np.testing.assert_array_equal(again, expected)
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3_text"])
+def test_gemma_defaults_are_written_as_transformers_needs_them(family, tmp_path):
+    """`query_pre_attn_scalar` None (the scale head_dim ** -0.5) is written as the int
+    `transformers` requires, and full attention everywhere as a window as long as the context
+    (its Gemma 2/3 build a window mask whatever `layer_types` says)."""
+    dims = {k: v for k, v in DIMS.items() if k not in ("num_hidden_layers",)}
+    dims["num_layers"], dims["num_heads"] = 2, dims.pop("num_attention_heads")
+    dims["num_kv_heads"] = dims.pop("num_key_value_heads")
+    config = ModelConfig(family=family, **dims)
+    model = Decoder(config, rngs=nnx.Rngs(0))
+    save_pretrained(model, tmp_path)
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    reloaded.config._attn_implementation = "eager"
+    tokens = random_tokens((2, 9), seed=2)
+    ours = jit_forward(model, tokens, positions_for(tokens))
+    np.testing.assert_allclose(torch_logits(reloaded.eval(), tokens), ours, atol=TOL, rtol=0)
+    back = ModelConfig.from_json_file(tmp_path)
+    expected = dataclasses.replace(config, query_pre_attn_scalar=DIMS["head_dim"])
+    if family == "gemma3_text":  # local_rope None (the global rope) is written out
+        expected = dataclasses.replace(expected, local_rope=config.rope)
+    assert back == expected
+    with pytest.raises(ValueError, match=r"takes an integer query_pre_attn_scalar, got 8\.5"):
+        dataclasses.replace(config, query_pre_attn_scalar=8.5).to_hf_dict()
 
 
 def test_bfloat16_checkpoint_and_dtype_policy(hf_checkpoints, tmp_path):

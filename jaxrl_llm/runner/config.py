@@ -665,6 +665,16 @@ def _validate_model(cfg: RunConfig) -> None:
             f"model.init.vocab_size: the byte tokenizer has {BYTE_VOCAB} token ids, the model "
             f"only {init.vocab_size}."
         )
+    if init is not None and cfg.export.enabled:  # refused now, not after the last step
+        from jaxrl_llm.models._hf_config import hf_kwargs
+
+        try:
+            hf_kwargs(init)
+        except ValueError as err:
+            raise ConfigError(
+                f"model.init: the trained model could not be exported as a Hugging Face "
+                f"checkpoint: {err} Change the model, or set export.enabled: false."
+            ) from err
     critic = cfg.algorithm.critic if cfg.algorithm is not None else None
     separate = critic is not None and critic.kind == "model"
     if cfg.model.critic_checkpoint is not None and not separate:
@@ -891,8 +901,9 @@ def _validate_compiled(cfg: RunConfig) -> None:
             f"{key}: DAPO's refills re-sample on the host until enough groups have a reward "
             "spread; set train.max_refills: 0 (the in-graph zero-variance filter only)."
         )
+    evaluates = cfg.train.eval_prompts > 0  # eval_every means nothing with evaluation off
     for name, every in (
-        ("train.eval_every", cfg.train.eval_every),
+        ("train.eval_every", cfg.train.eval_every if evaluates else 0),
         ("checkpoint.every", cfg.checkpoint.every),
     ):
         if every % K:

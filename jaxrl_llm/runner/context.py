@@ -74,3 +74,21 @@ def reference_policy(ctx: RunContext, state: Any) -> Any:
       'initial'
     """
     return ctx.reference if state.reference is None else state.reference
+
+
+def iterated_examples(ctx: RunContext) -> int:
+    """`M`, the number of examples the run's data iterator walks (`IteratorState` is a
+    position in an order of `M` examples): the preference pairs of `preference:` and
+    `reward_model:` runs, the supervised examples of `sft:` runs, the prompts of RL runs.
+
+    Examples:
+      >>> from types import SimpleNamespace
+      >>> task = SimpleNamespace(train=list(range(7)), sft_train=list(range(5)))
+      >>> rl = RunContext(SimpleNamespace(kind="rl"), None, task, *([None] * 7))
+      >>> iterated_examples(rl), iterated_examples(rl._replace(config=SimpleNamespace(kind="sft")))
+      (7, 5)
+    """
+    kind = ctx.config.kind
+    if kind in ("preference", "reward_model"):
+        return len(ctx.preference_examples)
+    return len(ctx.task.sft_train if kind == "sft" else ctx.task.train)

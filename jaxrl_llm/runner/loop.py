@@ -57,7 +57,7 @@ from jaxrl_llm.metrics_log import (
 from jaxrl_llm.runner.compiled import compiled_steps
 from jaxrl_llm.runner.completion_width import completion_width, trim_collected, trim_to_longest
 from jaxrl_llm.runner.config import RunConfig, config_to_dict
-from jaxrl_llm.runner.context import RunContext, reference_policy
+from jaxrl_llm.runner.context import RunContext, iterated_examples, reference_policy
 from jaxrl_llm.runner.evaluate import evaluate_state
 from jaxrl_llm.runner.faults import fault_point
 from jaxrl_llm.runner.health import (
@@ -321,14 +321,17 @@ def _meta(
     config: dict[str, Any],
     step: int,
     data: IteratorState,
+    examples: int,
     skips: SkipTracker,
     before: Mapping[str, float],
     wall: float,
 ) -> dict[str, Any]:
-    """The checkpoint's JSON meta; `config` is the run's `config_to_dict`, built once."""
+    """The checkpoint's JSON meta; `config` is the run's `config_to_dict`, built once;
+    `examples` is the size of the data `data` walks (`iterated_examples`), checked on resume."""
     return {
         "step": step,
         "data": {k: int(v) for k, v in data._asdict().items()},
+        "data_examples": examples,
         "skips_consecutive": skips.consecutive,
         "skips_total": skips.total,
         "before": dict(before),
@@ -440,13 +443,15 @@ def run_training(prepared: PreparedRun, *, resume_command: str | None = None) ->
     final: dict[str, float] = {}
     step = start
     active_warnings: set[str] = set()
+    diverged = ""  # the message of the step that reached train.max_consecutive_skips
     config_dict = config_to_dict(config)  # every checkpoint's meta holds it
+    examples = iterated_examples(ctx)
 
     def wall() -> float:
         return wall_offset + time.perf_counter() - began
 
     def save(at: int) -> None:
-        checkpointer.save(at, state, _meta(config_dict, at, data, skips, before, wall()))
+        checkpointer.save(at, state, _meta(config_dict, at, data, examples, skips, before, wall()))
 
     logger = MetricsLogger.from_config(
         ctx.run_dir,
@@ -483,23 +488,23 @@ def run_training(prepared: PreparedRun, *, resume_command: str | None = None) ->
                     log.warning(
                         "step %d skipped: non-finite %s", step, ", ".join(nonfinite_terms(metrics))
                     )
-                    if skips.consecutive >= config.train.max_consecutive_skips:
-                        save(chunk_end)  # compiled chunks: the state is that of their end
-                        checkpointer.wait()
-                        raise TrainingDivergedError(
-                            divergence_message(
-                                step,
-                                skips.consecutive,
-                                metrics,
-                                f"step {chunk_end} in {checkpointer.directory}",
-                            )
+                    if skips.consecutive >= config.train.max_consecutive_skips and not diverged:
+                        diverged = divergence_message(
+                            step,
+                            skips.consecutive,
+                            metrics,
+                            f"step {chunk_end} in {checkpointer.directory}",
                         )
                 if step < chunk_end:  # compiled chunks: eval, save and stop at their end
                     continue
+                if diverged:  # a compiled chunk's later steps are counted and logged first
+                    save(chunk_end)
+                    checkpointer.wait()
+                    raise TrainingDivergedError(diverged)
                 if config.train.eval_every and step % config.train.eval_every == 0 and step < steps:
                     logger.log(step, _evaluation(ctx, state, step))
                 if checkpointer.maybe_save(
-                    step, state, _meta(config_dict, step, data, skips, before, wall())
+                    step, state, _meta(config_dict, step, data, examples, skips, before, wall())
                 ):
                     fault_point("save", step)
                 if any_process(stop.requested):  # every process stops at the same step

@@ -32,7 +32,7 @@ from jaxrl_llm.metrics_log import METRICS_FILE
 from jaxrl_llm.models import LORA_PATTERN
 from jaxrl_llm.runner.compilation_cache import enable_compilation_cache
 from jaxrl_llm.runner.config import RunConfig, check_devices, config_to_dict
-from jaxrl_llm.runner.context import RunContext
+from jaxrl_llm.runner.context import RunContext, iterated_examples
 from jaxrl_llm.runner.health import SkipTracker
 from jaxrl_llm.runner.models import build_critic, build_policy, check_vocabulary, run_tokenizer
 from jaxrl_llm.runner.preference import (
@@ -303,7 +303,7 @@ def prepare_run(config: RunConfig, *, resume: bool = False) -> PreparedRun:
         except BaseException:
             checkpointer.close()  # release orbax's threads before the error reaches the user
             raise
-        data = IteratorState.from_dict(meta["data"])
+        data = _resumed_data(IteratorState.from_dict(meta["data"]), meta, context)
         start = int(meta["step"])
         if start > config.train.steps:
             checkpointer.close()
@@ -322,6 +322,28 @@ def prepare_run(config: RunConfig, *, resume: bool = False) -> PreparedRun:
                 ", ".join(changed),
             )
     return PreparedRun(context, state, data, start, checkpointer, meta, skips, info)
+
+
+def _resumed_data(data: IteratorState, meta: dict[str, Any], ctx: RunContext) -> IteratorState:
+    """The data position to resume from: the checkpoint's, or, where the data it walked has
+    another size now (`meta["data_examples"]`, absent in checkpoints written before
+    2026-12-07), the start of its next epoch over the new data, with a warning: a position
+    in an order of `M` examples means nothing in an order of `M'`."""
+    saved = meta.get("data_examples")
+    now = iterated_examples(ctx)
+    if saved is None or int(saved) == now:
+        return data
+    log.warning(
+        "--resume: the checkpoint's data iterator walked %d examples, the data now holds %d; "
+        "its position (epoch %d, example %d) does not carry over, so the run continues from "
+        "the start of epoch %d over the new data",
+        int(saved),
+        now,
+        data.epoch,
+        data.position,
+        data.epoch + 1,
+    )
+    return IteratorState(seed=data.seed, epoch=data.epoch + 1, position=0)
 
 
 def build_context(

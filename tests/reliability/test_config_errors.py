@@ -57,8 +57,11 @@ def nothing_built(monkeypatch):
             "rewards.functions[0].weight: expected a finite number, got inf.",
         ),
         # out-of-range values
-        ("algorithm.policy_loss.clip_high=-0.1", "`clip_high` must be >= 0, got -0.1."),
-        ("algorithm.kl.coef=-1", "KLConfig: mode='loss' needs `coef` > 0, got -1.0."),
+        (
+            "algorithm.policy_loss.clip_high=-0.1",
+            "algorithm.policy_loss: PolicyLossConfig: `clip_high` must be >= 0, got -0.1.",
+        ),
+        ("algorithm.kl.coef=-1", "algorithm.kl: KLConfig: mode='loss' needs `coef` > 0, got -1.0."),
         ("sampling.temperature=-1", "`temperature` must be a finite number >= 0 (0 = greedy)"),
         ("rewards.timeout_s=-1", "rewards.timeout_s: must be > 0 or null, got -1.0."),
         ("checkpoint.every=0", "checkpoint: CheckpointConfig: `every` must be an int >= 1, got 0."),
@@ -79,6 +82,20 @@ def test_bad_values_are_one_line_errors_before_any_compilation(
 ):
     err = user_error(capsys, ["train", GRPO, *BASE, override, "--run-dir", str(tmp_path)])
     assert err.startswith("jaxrl-llm train: ") and message in err, err
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_a_model_that_cannot_be_exported_is_refused_before_training(
+    capsys, tmp_path, nothing_built
+):
+    """Not after the last step: `transformers`' Qwen3 has no attention scalar."""
+    bad = ["model.init.query_pre_attn_scalar=8.0", "--run-dir", str(tmp_path)]
+    err = user_error(capsys, ["train", GRPO, *BASE, "export.enabled=true", *bad])
+    assert err.startswith(
+        "jaxrl-llm train: model.init: the trained model could not be exported as a Hugging Face "
+        "checkpoint: qwen3 has no query_pre_attn_scalar"
+    ), err
+    assert err.rstrip().endswith("or set export.enabled: false."), err
     assert not (tmp_path / "metrics.jsonl").exists()
 
 

@@ -14,14 +14,14 @@ from jax.experimental.compilation_cache.compilation_cache import reset_cache
 
 from jaxrl_llm.cli import main
 from jaxrl_llm.config import ConfigError
-from jaxrl_llm.runner import load_run_config, loop, prepare_run
+from jaxrl_llm.runner import SkipTracker, TrainingDivergedError, load_run_config, loop, prepare_run
 from jaxrl_llm.runner.compilation_cache import enable_compilation_cache
 from jaxrl_llm.runner.compiled import compiled_steps
 from jaxrl_llm.runner.config import TrainConfig
 from jaxrl_llm.runner.in_graph import in_graph_scores, rollout_metrics, task_arrays
 from jaxrl_llm.runner.keys import SAMPLE_STREAM, stream_key
 from jaxrl_llm.runner.task import prompt_batch
-from tests.runner.helpers import CONFIGS, TINY, train_records, tree_equal
+from tests.runner.helpers import CONFIGS, TINY, records, train_records, tree_equal
 
 GRPO = str(CONFIGS / "grpo.yaml")
 STOPS = "sampling.stop_tokens=[" + ",".join(str(i) for i in range(0, 256, 2)) + "]"
@@ -187,7 +187,7 @@ def test_resume_at_a_chunk_end_continues_bit_for_bit(tmp_path):
             ["algorithm.advantage.drop_zero_variance=true", "train.max_refills=2"],
             "set train.max_refills: 0",
         ),
-        (["train.eval_every=3"], "train.eval_every: must be a multiple of"),
+        (["train.eval_every=3", "train.eval_prompts=2"], "train.eval_every: must be a multiple of"),
         (["checkpoint.every=5"], "checkpoint.every: must be a multiple of"),
         (["train.compiled_iterations=0"], "train.compiled_iterations: must be >= 1"),
     ],
@@ -198,6 +198,36 @@ def test_configs_that_need_the_host_are_rejected(extra, message):
         overrides.append("rewards.functions=[{fn: 'tests.runner.helpers:checksum_reward'}]")
     with pytest.raises(ConfigError, match=message):
         load_run_config(GRPO, overrides, run_dir="unused")
+
+
+def test_a_divergence_inside_a_chunk_stops_at_its_end_with_every_step_counted(tmp_path):
+    """A NaN reference skips every step. With `max_consecutive_skips` 1 the run diverges at
+    step 1, but its chunk ran steps 1 and 2: both are logged and counted before the stop, and
+    the checkpoint holds the chunk's end with those counts."""
+    extra = ["train.compiled_iterations=2", "train.max_consecutive_skips=1"]
+    prepared = _prepared(tmp_path, *extra)
+    poisoned = jax.tree.map(lambda x: x * np.nan, prepared.context.reference)
+    prepared = prepared._replace(context=prepared.context._replace(reference=poisoned))
+    with pytest.raises(TrainingDivergedError, match="stopped at step 1: 1 consecutive") as err:
+        loop.run_training(prepared)
+    assert "latest checkpoint: step 2 in" in str(err.value)
+    steps = [r for r in records(tmp_path) if "loss/total" in r]
+    assert [(r["step"], r["optim/skipped"]) for r in steps] == [(1, 1.0), (2, 1.0)]
+    resumed = _prepared_resume(tmp_path, *extra)
+    assert resumed.start_step == 2 and resumed.skips == SkipTracker(2, 2)
+
+
+def _prepared_resume(run_dir, *extra):
+    config = load_run_config(GRPO, [*IN_GRAPH, *extra], run_dir=run_dir)
+    prepared = prepare_run(config, resume=True)
+    prepared.checkpointer.close()
+    return prepared
+
+
+def test_eval_every_is_free_when_evaluation_is_off():
+    overrides = [*IN_GRAPH, "train.compiled_iterations=2", "train.eval_every=3"]
+    config = load_run_config(GRPO, [*overrides, "train.eval_prompts=0"], run_dir="unused")
+    assert config.train.eval_every == 3
 
 
 def test_sft_runs_have_no_iteration_to_compile():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import pathlib
 import signal
 import subprocess
@@ -12,6 +13,7 @@ import jax
 import numpy as np
 
 from jaxrl_llm.cli import main
+from jaxrl_llm.data import IteratorState
 from jaxrl_llm.runner import load_run_config, prepare_run
 from tests.compile_settings import fast_compile_env
 from tests.runner.helpers import CONFIGS, ROOT, SFT_OPTIM, TINY, records, train_records, tree_equal
@@ -34,11 +36,29 @@ def _final_state(run_dir):
     return prepared.start_step, prepared.data, out
 
 
-def test_six_steps_equal_three_plus_resume_plus_three(tmp_path, capsys):
+def _check_resume_with_other_data(run_dir, caplog):
+    """The checkpoint after 3 steps of 2 prompts holds position 6 of epoch 0 over 32 prompts:
+    resumed over 40 prompts, that position means nothing, so the run goes on from epoch 1's
+    start, with a warning naming both sizes; over the same 32 it carries over unchanged."""
+    config = load_run_config(GRPO, [*SIX, "train.steps=3"], run_dir=run_dir)
+    prepared = prepare_run(config, resume=True)
+    prepared.checkpointer.close()
+    assert prepared.meta["data_examples"] == 32
+    assert prepared.data == IteratorState(seed=0, epoch=0, position=6)
+    more = [*SIX, "train.steps=3", "data.arithmetic.train_size=40"]
+    with caplog.at_level(logging.WARNING, logger="jaxrl_llm"):
+        prepared = prepare_run(load_run_config(GRPO, more, run_dir=run_dir), resume=True)
+    prepared.checkpointer.close()
+    assert prepared.data == IteratorState(seed=0, epoch=1, position=0)
+    assert "walked 32 examples, the data now holds 40" in caplog.text, caplog.text
+
+
+def test_six_steps_equal_three_plus_resume_plus_three(tmp_path, capsys, caplog):
     straight, split = tmp_path / "straight", tmp_path / "split"
     assert main(["train", GRPO, *SIX, "--run-dir", str(straight)]) == 0
     assert main(["train", GRPO, *SIX, "train.steps=3", "--run-dir", str(split)]) == 0
     assert [r["step"] for r in records(split) if "loss/total" in r] == [1, 2, 3]
+    _check_resume_with_other_data(split, caplog)
     assert main(["train", GRPO, *SIX, "--resume", "--run-dir", str(split)]) == 0
 
     step_a, data_a, state_a = _final_state(straight)

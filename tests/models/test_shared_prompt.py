@@ -81,13 +81,16 @@ def test_same_hidden_states_and_gradients(name, B, G):
     (value, full), grads = value_and_grad(params, False)
     (value_s, shared), grads_s = value_and_grad(params, True)
     real = np.asarray(mask) > 0
+    # the weights ×4 make attention sharp, which amplifies float32 rounding: two orders of the
+    # same sums (8 more pad columns, or one row at a time) differ by up to 1.6e-4 on an AMD
+    # EPYC host (|h| <= 11); a wrong mask or grouping differs by O(1)
     np.testing.assert_allclose(
-        np.asarray(shared)[real], np.asarray(full)[real], rtol=2e-5, atol=2e-5
+        np.asarray(shared)[real], np.asarray(full)[real], rtol=1e-4, atol=5e-4
     )
     np.testing.assert_allclose(float(value_s), float(value), rtol=1e-5)
     for a, b in zip(jax.tree.leaves(grads_s), jax.tree.leaves(grads), strict=True):
         scale = float(jnp.max(jnp.abs(b))) + 1e-6
-        np.testing.assert_allclose(np.asarray(a) / scale, np.asarray(b) / scale, atol=2e-5)
+        np.testing.assert_allclose(np.asarray(a) / scale, np.asarray(b) / scale, atol=2e-4)
     assert float(jnp.max(jnp.abs(full))) > 0.1  # the check compares something
 
 

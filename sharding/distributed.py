@@ -277,6 +277,10 @@ def fetch_global(tree: Any) -> Any:
     def leaf(x: Any) -> Any:
         if not isinstance(x, jax.Array) or x.is_fully_addressable or x.is_fully_replicated:
             return jax.device_get(x)
+        if _is_key(x):  # gathered as its key data
+            impl = jax.random.key_impl(x)
+            data = multihost_utils.process_allgather(jax.random.key_data(x), tiled=True)
+            return jax.random.wrap_key_data(np.asarray(data), impl=impl)
         return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
     return jax.tree.map(leaf, tree)

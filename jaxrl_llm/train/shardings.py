@@ -17,6 +17,7 @@ import math
 from typing import Any
 
 import jax
+import numpy as np
 import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -37,10 +38,10 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
 
 def place_batch(batch: Any, mesh: Mesh) -> Any:
     """`batch` (a tree of host arrays) placed for a jitted call over `mesh`: each leaf split
-    along `N` by `batch_sharding(mesh)`, or, on a mesh of one device, `batch` as it is: the
-    jitted call then transfers it with its other arguments (a `jax.device_put` of a rollout's
-    four small prompt arrays took ≈ 0.28 ms on a 2-core CPU, the transfer inside the call
-    ≈ 0.01 ms).
+    along `N` by `batch_sharding(mesh)` (a scalar replicated), or, on a mesh of one device,
+    `batch` as it is: the jitted call then transfers it with its other arguments (a
+    `jax.device_put` of a rollout's four small prompt arrays took ≈ 0.28 ms on a 2-core CPU,
+    the transfer inside the call ≈ 0.01 ms).
 
     Examples:
       >>> import numpy as np
@@ -51,7 +52,8 @@ def place_batch(batch: Any, mesh: Mesh) -> Any:
     """
     if mesh.size == 1:
         return batch
-    return jax.device_put(batch, batch_sharding(mesh))
+    rows, replicated = batch_sharding(mesh), NamedSharding(mesh, PartitionSpec())
+    return jax.device_put(batch, jax.tree.map(lambda x: rows if np.ndim(x) else replicated, batch))
 
 
 def batch_devices(mesh: Mesh) -> int:
@@ -121,11 +123,20 @@ def train_state_shardings(state: Any, mesh: Mesh, optimizer: optax.GradientTrans
     """
     replicated = NamedSharding(mesh, PartitionSpec())
     params = param_shardings(state.params, mesh)
+    shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), state.params)
+
+    def mirror(leaf: Any, sharding: NamedSharding, param: jax.ShapeDtypeStruct) -> NamedSharding:
+        """A state leaf under a parameter's path takes its sharding when it is a copy of it
+        (Adam's moments); a leaf of another shape (Adafactor's factored row and column
+        statistics, `O(rows + cols)`) is replicated."""
+        return sharding if np.shape(leaf) == param.shape else replicated
+
     opt_state = optax.tree.map_params(
         optimizer,
-        lambda _, sharding: sharding,
+        mirror,
         state.opt_state,
         params,
+        shapes,
         transform_non_params=lambda _: replicated,
         is_leaf=lambda x: isinstance(x, NamedSharding),
     )

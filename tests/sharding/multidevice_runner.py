@@ -36,6 +36,7 @@ from jaxrl_llm.rewards import exact_answer_reward, reward_model
 from jaxrl_llm.sampler.core import repeat_rows
 from jaxrl_llm.tokenizer import ByteTokenizer
 from jaxrl_llm.train import SequenceBatch, sequence_scores
+from jaxrl_llm.train.shardings import place_batch
 from sharding import (
     LOGICAL_AXIS_RULES,
     MeshConfig,
@@ -118,6 +119,10 @@ def check_batches() -> None:
     assert placed.sharding == batch["tokens"].sharding
     for shard_ in batch["tokens"].addressable_shards:
         assert shard_.data.shape == (2, 5)
+    rows = place_batch({"tokens": tokens, "count": np.float32(8)}, mesh)  # a scalar replicated
+    assert (
+        rows["tokens"].sharding.spec == P(("data", "fsdp")) and rows["count"].sharding.spec == P()
+    )
     for bad, message in (
         (lambda: make_global_batch({"x": np.zeros((6, 2))}, mesh), "into the 4 row blocks"),
         (lambda: host_batch_slice(6, mesh=mesh), "(4 ways)"),

@@ -7,6 +7,7 @@ import pathlib
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 
@@ -192,6 +193,10 @@ def test_two_processes_build_one_global_batch_and_agree_on_a_reduction():
     assert results[0]["sum_sq"] == results[1]["sum_sq"]
     for r in results:  # the job-wide host helpers
         assert r["fetched"] == x.tolist()
+        assert (
+            r["fetched_keys"]
+            == jax.random.key_data(jax.random.split(jax.random.key(0), 8)).tolist()
+        )
         exact = [1.0 + 2.0**-40, 1.0 + 2.0**-39]  # each process's float64, bit for bit
         assert r["from_main"] == {"ids": [0, 0, 0], "flag": [False], "exact": exact[0]}
         assert r["gathered"] == {

@@ -3,10 +3,11 @@
 Starts the distributed runtime from the `JAXRL_*` environment, loads this host's slice of a
 16-row batch, assembles the global array over a (data=2, fsdp=4, tensor=1) mesh and computes
 a jitted global reduction whose result every process prints (`RESULT {json}`), and uses the
-job-wide host helpers the training loop uses: `fetch_global` of the batch-sharded batch,
-`gather_from_processes` and `from_main_process` of values that differ per process (int32,
-bool, a float64 that 32 bits cannot hold), `any_process` of a flag set on process 1 only,
-and the barrier `wait_for_all_processes`.
+job-wide host helpers the training loop uses: `fetch_global` of the batch-sharded batch and
+of typed PRNG keys split over both processes, `gather_from_processes` and
+`from_main_process` of values that differ per process (int32, bool, a float64 that 32 bits
+cannot hold), `any_process` of a flag set on process 1 only, and the barrier
+`wait_for_all_processes`.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from sharding import (  # noqa: E402  (the config update must come first)
     log_main,
     make_global_batch,
     make_mesh,
+    place_global,
     wait_for_all_processes,
 )
 
@@ -62,6 +64,8 @@ def main() -> None:
         "flag": np.array([pid == 1]),
         "exact": np.float64(1.0 + 2.0**-40 * (pid + 1)),  # lost in float32
     }
+    keys = jax.random.split(jax.random.key(0), 8)  # typed keys, split over both processes
+    keys = place_global(keys, NamedSharding(mesh, PartitionSpec(("data", "fsdp"))))
     wait_for_all_processes("two_process_runner: before the helpers")
     result = {
         "process": jax.process_index(),
@@ -73,6 +77,7 @@ def main() -> None:
         "info": list(info),
         "again": list(again),
         "fetched": fetch_global(batch["x"]).tolist(),  # the whole 16 rows on each process
+        "fetched_keys": np.asarray(jax.random.key_data(fetch_global(keys))).tolist(),
         "from_main": {k: v.tolist() for k, v in from_main_process(mine).items()},
         "gathered": {k: v.tolist() for k, v in gather_from_processes(mine).items()},
         "any_on_1": any_process(jax.process_index() == 1),

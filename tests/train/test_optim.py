@@ -10,11 +10,15 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from flax import nnx
+from jax.sharding import PartitionSpec
 
 from jaxrl_llm.config import ConfigError, build, load_yaml
+from jaxrl_llm.models import Decoder, ModelConfig
 from jaxrl_llm.train import (
     OPTIMIZERS,
     OptimConfig,
+    init_train_state,
     learning_rate,
     make_optimizer,
     make_schedule,
@@ -22,6 +26,8 @@ from jaxrl_llm.train import (
     weight_decay_mask,
 )
 from jaxrl_llm.train.params import param_path
+from jaxrl_llm.train.shardings import train_state_shardings
+from sharding import MeshConfig, make_mesh, place_global
 from tests.train.helpers import tiny_critic, tiny_policy
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs"
@@ -176,6 +182,31 @@ def test_every_optimizer_minimises_a_quadratic(name):
         return p
 
     assert float(loss(run(params))) < 0.9 * float(loss(params))
+
+
+@pytest.mark.parametrize("name", ["adamw", "adafactor"])
+def test_the_optimizer_state_is_placed_like_the_parameters_it_mirrors(name):
+    """Adam's moments are copies of the parameters and take their shardings; Adafactor's
+    factored statistics (`[L, rows]`, `[L, cols]`, `(1,)`) have other shapes and are replicated
+    (they once took the rank-3 specs of their weights, and placing the state failed)."""
+    tx = make_optimizer(OptimConfig(name=name, learning_rate=1e-3))
+    config = ModelConfig(  # width and MLP >= 128: Adafactor factors their weights
+        family="qwen3", vocab_size=64, hidden_size=128, intermediate_size=256, num_layers=1,
+        num_heads=2, num_kv_heads=1, head_dim=8,
+    )  # fmt: skip
+    params, frozen = split_models(Decoder(config, rngs=nnx.Rngs(0)))[1:]
+    state = init_train_state(params, frozen, tx, key=jax.random.key(0))
+    mesh = make_mesh(MeshConfig(), devices=jax.devices()[:1])
+    shardings = train_state_shardings(state, mesh, tx)
+    placed = place_global(state, shardings)
+    leaves = jax.tree.leaves(placed.opt_state)
+    specs = [s.spec for s in jax.tree.leaves(shardings.opt_state)]
+    assert all(len(p) <= x.ndim for x, p in zip(leaves, specs, strict=True))
+    param_specs = {s.spec for s in jax.tree.leaves(shardings.params)}
+    if name == "adamw":  # `mu` and `nu` of every weight, with its spec
+        assert set(specs) - {PartitionSpec()} == param_specs
+    else:  # the row and column statistics of the factored weights ([L, rows]...) replicated
+        assert any(p == PartitionSpec() and x.ndim >= 2 for x, p in zip(leaves, specs, strict=True))
 
 
 @pytest.mark.parametrize(

@@ -137,10 +137,9 @@ def _check_mesh(config: ModelConfig, plan: PlanConfig) -> list[str]:
         problems.append(f"minibatches={plan.minibatches} does not divide N = {N}")
     update = N // plan.minibatches
     micro = plan.micro_batch
-    if micro is not None and (micro % rows or update % micro):
+    if micro is not None and update % micro:
         problems.append(
-            f"micro_batch={micro} must be a multiple of data·fsdp = {rows} and divide the "
-            f"{update} sequences of one optimizer update"
+            f"micro_batch={micro} must divide the {update} sequences of one optimizer update"
         )
     if problems:
         raise ValueError(
@@ -154,6 +153,13 @@ def _check_mesh(config: ModelConfig, plan: PlanConfig) -> list[str]:
         )
     if config.vocab_size % t:
         notes.append(f"vocab_size={config.vocab_size} does not split over tensor={t}: replicated")
+    micro = micro or update
+    if micro % rows:
+        notes.append(
+            f"a micro-batch of {micro} sequences does not split evenly over data·fsdp = "
+            f"{rows}: counted as if every device computed all {micro} (an upper bound; XLA "
+            "decides the layout of such rows)"
+        )
     return notes
 
 
@@ -263,8 +269,10 @@ def estimate(
 
     Raises:
       ValueError: an unknown preset or device, or an impossible mesh (query heads or MLP width
-        not divisible by `tensor`, model width not divisible by `fsdp`, prompts (B) or
-        micro-batches not divisible by `data·fsdp`).
+        not divisible by `tensor`, model width not divisible by `fsdp`, prompts (B) not
+        divisible by `data·fsdp`, a `micro_batch` that does not divide an update). A
+        micro-batch that does not split evenly over `data·fsdp` (the runner allows it) is
+        counted as if every device computed all its rows, an upper bound, with a note.
 
     Examples:
       >>> p = estimate("qwen2.5-7b", PlanConfig(mesh=(1, 8, 1), batch=32, group_size=8), "h100")
@@ -331,7 +339,7 @@ def _sizes(config: ModelConfig, plan: PlanConfig) -> _Sizes:
         kv_heads=K // t if K % t == 0 else K,
         rows=plan.num_sequences // (d * f),
         micro=micro,
-        micro_rows=micro // (d * f),
+        micro_rows=micro // (d * f) if micro % (d * f) == 0 else micro,  # uneven: replicated
         a_dev=a_dev,
         a_t=a_t,
         trained_dev=a_dev if adapters else w_dev,

@@ -288,8 +288,24 @@ def test_impossible_meshes_are_rejected_by_name(mesh, message):
         estimate("qwen2.5-7b", PlanConfig(mesh=mesh, batch=8, group_size=8))
 
 
+def test_micro_batches_that_do_not_split_over_the_devices_are_counted_whole():
+    """2 sequences per micro-batch on data·fsdp = 4 (the runner accepts it): not 0 rows per
+    device (floor division once gave 0 bytes of activations), but all 2, with a note; the
+    implicit micro-batch (N / minibatches) and the explicit one give the same estimate."""
+    even = estimate("qwen3-0.6b", PlanConfig(mesh=(1, 4, 1), batch=4, group_size=2))
+    implicit = PlanConfig(mesh=(1, 4, 1), batch=4, group_size=2, minibatches=4)
+    uneven = estimate("qwen3-0.6b", implicit)
+    explicit = estimate(
+        "qwen3-0.6b", PlanConfig(mesh=(1, 4, 1), batch=4, group_size=2, micro_batch=2)
+    )
+    assert uneven.memory["activations"] == explicit.memory["activations"]
+    # 2 rows per device either way: the 8 of one micro-batch split 4 ways, or 2 counted whole
+    assert uneven.memory["activations"] == even.memory["activations"] > 0
+    assert any("2 sequences does not split evenly over data·fsdp = 4" in n for n in uneven.notes)
+
+
 def test_bad_inputs_are_named():
-    with pytest.raises(ValueError, match="micro_batch=6 must be a multiple of data·fsdp = 4"):
+    with pytest.raises(ValueError, match="micro_batch=6 must divide the 64 sequences"):
         estimate("qwen2.5-7b", PlanConfig(mesh=(1, 4, 1), batch=8, group_size=8, micro_batch=6))
     with pytest.raises(ValueError, match="divide the 16 sequences of one optimizer update"):
         plan = PlanConfig(mesh=(1, 4, 1), batch=8, group_size=8, micro_batch=12, minibatches=4)

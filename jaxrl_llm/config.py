@@ -13,6 +13,7 @@ import dataclasses
 import difflib
 import math
 import pathlib
+import re
 import types
 import typing
 from typing import Any, TypeVar
@@ -26,13 +27,56 @@ class ConfigError(ValueError):
     """A config file or mapping does not match its dataclass (the message names the key)."""
 
 
+class _ConfigLoader(yaml.SafeLoader):
+    """YAML's safe loader with two changes for configs: `1e-3` is a float (YAML 1.1, which
+    PyYAML follows, needs a dot: `1.0e-3`; a learning rate written `1e-3` was the string
+    '1e-3'), and a key repeated in one mapping is an error (PyYAML kept the last silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first: dict[Any, yaml.Mark] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, typing.Hashable) and key in first:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"duplicate key {key!r} (first at line {first[key].line + 1})",
+                    key_node.start_mark,
+                )
+            if isinstance(key, typing.Hashable):
+                first[key] = key_node.start_mark
+        return super().construct_mapping(node, deep=deep)
+
+
+_ConfigLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*\.?[0-9_]*|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
+def parse_yaml(text: str) -> Any:
+    """`text` as YAML, read as configs are (`1e-3` a float, repeated keys refused).
+
+    Examples:
+      >>> parse_yaml("{lr: 1e-3, warmup: 5E2, name: 1e3x}")
+      {'lr': 0.001, 'warmup': 500.0, 'name': '1e3x'}
+      >>> parse_yaml("{steps: 1, steps: 2}")
+      Traceback (most recent call last):
+      ...
+      yaml.constructor.ConstructorError: duplicate key 'steps' (first at line 1)
+      ...
+    """
+    return yaml.load(text, Loader=_ConfigLoader)
+
+
 def load_yaml(path: str | pathlib.Path) -> dict[str, Any]:
     """Read a YAML mapping from `path` (a clear error if it is missing or not a mapping)."""
     path = pathlib.Path(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = parse_yaml(path.read_text()) or {}
     except yaml.YAMLError as error:  # one line: where the YAML breaks and why
         mark = getattr(error, "problem_mark", None)
         at = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -79,6 +123,16 @@ def build(cls: type[T], data: Any, *, path: str = "") -> T:
     try:
         return cls(**kwargs)
     except TypeError as err:  # a required field is missing
+        missing = [
+            name
+            for name, f in fields.items()
+            if name not in kwargs
+            and f.default is dataclasses.MISSING
+            and f.default_factory is dataclasses.MISSING
+        ]
+        if missing:
+            keys = ", ".join(f"'{name}'" for name in missing)
+            raise ConfigError(f"{path or cls.__name__}: missing required key(s) {keys}.") from None
         raise ConfigError(f"{path or cls.__name__}: {err}") from None
     except ValueError as err:  # the dataclass's own checks: name the key path they came from
         if not path or str(err).startswith(path):
@@ -103,7 +157,10 @@ def _convert(annotation: Any, value: Any, path: str) -> Any:
                 return _convert(option, value, path)
             except ConfigError as err:
                 errors.append(str(err))
-        raise ConfigError(errors[0] if len(errors) == 1 else f"{path}: {'; '.join(errors)}")
+        if len(errors) == 1:
+            raise ConfigError(errors[0])
+        reasons = [e.removeprefix(f"{path}: ").removesuffix(".") for e in errors]
+        raise ConfigError(f"{path}: {'; or '.join(reasons)}.")
     if origin is tuple:
         if not isinstance(value, list | tuple):
             raise ConfigError(f"{path}: expected a list, got {type(value).__name__}.")

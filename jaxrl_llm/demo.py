@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from jaxrl_llm.config import ConfigError
 from jaxrl_llm.metrics_log import METRICS_FILE, metric_series, read_metrics
 from jaxrl_llm.runner import RunConfig, config_hash, load_run_config, train
 
@@ -69,6 +70,13 @@ def demo_configs(
       >>> rl.model.checkpoint
       'runs/demo/sft/export'
     """
+    for flag, overrides in (("--sft", sft_overrides), ("--rl", rl_overrides)):
+        for override in overrides:
+            if override.partition("=")[0].strip() == "run_dir":
+                raise ConfigError(
+                    f"{flag} {override}: the stages run in RUN_DIR/sft and RUN_DIR/grpo; set "
+                    "RUN_DIR with --run-dir."
+                )
     root = pathlib.Path(run_dir)
     sft = load_run_config(SFT_CONFIG, sft_overrides, run_dir=root / "sft")
     export = root / "sft" / sft.export.directory

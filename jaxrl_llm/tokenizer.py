@@ -111,11 +111,15 @@ class ByteTokenizer(_BatchEncoding):
         return "".join(out)
 
     def render(self, prompt: Prompt) -> str:
-        """The prompt text: messages in the plain chat format, or a string as is."""
-        if isinstance(prompt, str):
+        """The prompt text: messages in the plain chat format (a string, with
+        `chat_template=True`, as one user message, as `HFTokenizer.render` does), or a string
+        as is."""
+        if isinstance(prompt, str) and not self.chat_template:
             return prompt
         if not self.chat_template:
             raise ValueError("a list of messages needs chat_template=True.")
+        if isinstance(prompt, str):
+            prompt = [{"role": "user", "content": prompt}]
         lines = [f"{m['role']}: {m['content']}\n" for m in prompt]
         return "".join(lines) + "assistant: "
 

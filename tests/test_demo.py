@@ -144,6 +144,8 @@ def test_stage_configs_must_fit_together(tmp_path):
         demo_configs(tmp_path, rl_overrides=["data.seed=3"])
     with pytest.raises(ConfigError, match="did you mean 'steps'"):
         demo_configs(tmp_path, rl_overrides=["train.stepz=3"])
+    with pytest.raises(ConfigError, match="--rl run_dir=elsewhere: the stages run in RUN_DIR"):
+        demo_configs(tmp_path, rl_overrides=["run_dir=elsewhere"])  # it was silently ignored
 
 
 def test_a_directory_the_demo_did_not_write_is_never_replaced(tmp_path):

@@ -215,6 +215,8 @@ def run(args: argparse.Namespace) -> int:
             mfu=args.mfu,
             bandwidth_efficiency=args.bandwidth_efficiency,
         )
+        if args.top < 1:
+            raise ValueError(f"--top: must be >= 1, got {args.top}.")
         if args.devices is not None:
             plans = suggest_meshes(args.model, config, args.device, args.devices)[: args.top]
         else:

@@ -13,6 +13,7 @@ import difflib
 import functools
 import importlib
 import inspect
+import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -56,6 +57,28 @@ class RewardFunctionConfig:
             )
         if self.name is not None and not self.name:
             raise ConfigError(f"reward function {self.fn!r}: `name` must not be empty.")
+        for key, value in self.kwargs.items():
+            _check_json_value(value, f"reward function {self.fn!r}: `kwargs.{key}`")
+
+
+def _check_json_value(value: Any, where: str) -> None:
+    """`value` is JSON data (the run's config is saved in every checkpoint's JSON meta): YAML
+    also makes dates (`2024-01-01`), sets and bytes, which would fail the first save."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise ConfigError(f"{where}: mapping keys must be strings, got {key!r}.")
+            _check_json_value(item, f"{where}.{key}")
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            _check_json_value(item, f"{where}[{i}]")
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{where}: expected a finite number, got {value}.")
+    elif not (value is None or isinstance(value, str | int | float | bool)):
+        raise ConfigError(
+            f"{where}: {value!r} is a {type(value).__name__}; options must be JSON data "
+            "(strings, numbers, booleans, null, lists, mappings): quote it to pass a string."
+        )
 
 
 class RewardFunction(NamedTuple):

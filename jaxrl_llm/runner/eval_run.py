@@ -85,6 +85,8 @@ def evaluate_run(
     """
     if config.run_dir is None:
         raise ConfigError("run_dir: not set; pass --run-dir or set run_dir in the config.")
+    if num_prompts is not None and num_prompts < 1:
+        raise ConfigError(f"--prompts (num_prompts): must be >= 1, got {num_prompts}.")
     import dataclasses
 
     train = config.train

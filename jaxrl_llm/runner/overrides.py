@@ -4,10 +4,10 @@
 
 Each override is a dotted key path and a value parsed as a YAML scalar (`20` → int, `3e-4` →
 float, `true`, `null`, `grpo`, a flow list `[1, 4]`, or a flow mapping `{steps: 50}`, which
-replaces the whole section). Exponent notation without a dot
-(`1e-3`), which YAML 1.1 reads as a string, is read as a number. It replaces that key of the YAML
-mapping before the config is built, creating intermediate sections that the file leaves out
-(`warm_start.steps=50` on a file without `warm_start:`). Unknown keys and bad values then fail
+replaces the whole section), read as config files are (`jaxrl_llm.config.parse_yaml`:
+exponent notation without a dot, `1e-3`, which YAML 1.1 reads as a string, is a number). It
+replaces that key of the YAML mapping before the config is built, creating intermediate
+sections that the file leaves out (`warm_start.steps=50` on a file without `warm_start:`). Unknown keys and bad values then fail
 in `jaxrl_llm.config.build` with the key path and a "did you mean" suggestion.
 """
 
@@ -16,18 +16,15 @@ from __future__ import annotations
 import copy
 import dataclasses
 import pathlib
-import re
 import typing
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import yaml
 
-from jaxrl_llm.config import ConfigError, build, load_yaml
+from jaxrl_llm.config import ConfigError, build, load_yaml, parse_yaml
 from jaxrl_llm.config import _convert as convert_value
 from jaxrl_llm.runner.config import RunConfig
-
-_EXPONENT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 
 def parse_override(text: str) -> tuple[tuple[str, ...], Any]:
@@ -52,12 +49,10 @@ def parse_override(text: str) -> tuple[tuple[str, ...], Any]:
             f"override {text!r}: expected KEY=VALUE with a dotted key, e.g. train.steps=10."
         )
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = parse_yaml(raw) if raw.strip() else ""
     except yaml.YAMLError as err:
         problem = str(err).splitlines()[0]
         raise ConfigError(f"override {text!r}: the value is not valid YAML ({problem}).") from None
-    if isinstance(value, str) and _EXPONENT.fullmatch(value.strip()):
-        value = float(value)
     return path, value
 
 

@@ -18,6 +18,7 @@ All user errors (a bad path, a tokenizer / model mismatch, an existing run witho
 from __future__ import annotations
 
 import logging
+import os
 import pathlib
 import time
 from typing import Any, NamedTuple
@@ -93,7 +94,7 @@ class PreparedRun(NamedTuple):
 def _check_run_dir(run_dir: pathlib.Path, resume: bool) -> bool:
     """A fresh run needs an unused run directory, a resumed one a complete checkpoint.
 
-    Checked before anything is created in `run_dir`. A resumed run whose directory holds a run
+    Checked before anything is written in `run_dir` (only the directory itself is created). A resumed run whose directory holds a run
     that stopped before its first checkpoint was written (its metrics, no step directory, at
     most an unfinished save) starts again from step 0: it lost every step, as it would with
     any checkpoint, and neither starting fresh nor resuming would otherwise be possible.
@@ -101,6 +102,7 @@ def _check_run_dir(run_dir: pathlib.Path, resume: bool) -> bool:
     Returns:
       Whether a resumed run starts again from step 0.
     """
+    _check_writable(run_dir)
     directory = run_dir / CHECKPOINT_DIR
     latest, unreadable = None, []
     if directory.is_dir():
@@ -127,6 +129,27 @@ def _check_run_dir(run_dir: pathlib.Path, resume: bool) -> bool:
             "or choose another --run-dir."
         )
     return False
+
+
+def _check_writable(run_dir: pathlib.Path) -> None:
+    """Create `run_dir` (empty: an empty directory is an unused one) and check that this
+    process writes there, before the model is built: a typo or a read-only mount is one line,
+    not a traceback after it.
+
+    Examples:
+      >>> import tempfile
+      >>> afile = pathlib.Path(tempfile.mkstemp()[1])
+      >>> _check_writable(afile / "run")
+      Traceback (most recent call last):
+      ...
+      jaxrl_llm.config.ConfigError: run_dir: .../run cannot be created ([Errno 20] Not a directory: ...).
+    """
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"run_dir: {run_dir} cannot be created ({err}).") from None
+    if not os.access(run_dir, os.W_OK | os.X_OK):
+        raise ConfigError(f"run_dir: {run_dir} is not writable.")
 
 
 def _check_processes(config: RunConfig) -> None:

@@ -172,6 +172,12 @@ def _validate(cfg: OptimConfig) -> None:
             raise ValueError(
                 f"{where}: `weight_decay_exclude` entry {pattern!r} is not a valid regex ({err})."
             ) from None
+    for key in ("b1", "b2", "momentum"):  # decay rates of running averages
+        value = getattr(cfg, key)
+        if value is not None and not 0.0 <= value < 1.0:
+            raise ValueError(f"{where}: `{key}` must lie in [0, 1), got {value!r}.")
+    if cfg.eps is not None and not cfg.eps >= 0:
+        raise ValueError(f"{where}: `eps` must be >= 0, got {cfg.eps!r}.")
     accepted = inspect.signature(getattr(optax, cfg.name)).parameters
     for key in _ALIAS_FIELDS:
         if getattr(cfg, key) is not None and key not in accepted:

@@ -52,7 +52,7 @@ def test_builds_nested_values_and_converts_ints_to_floats():
         ({"inner": {"sise": 2}}, "inner: unknown key 'sise' (did you mean 'size'?)"),
         ({"items": {"size": 1}}, "items: expected a list"),
         ({"items": [{"size": True}]}, "items[0].size: expected an integer, got True"),
-        ({"inner": {}}, "missing 1 required keyword-only argument: 'size'"),
+        ({"inner": {}}, "inner: missing required key(s) 'size'."),
         # a nested dataclass's own check, prefixed with its key path
         ({"inner": {"size": 1, "scale": -1}}, "inner: Inner: `scale` must be >= 0, got -1.0."),
         ({"items": [{"size": 1}, {"size": 1, "scale": -2}]}, "items[1]: Inner: `scale` must"),
@@ -81,3 +81,39 @@ def test_load_yaml_errors(tmp_path):
     tab.write_text("train:\n\tsteps: 3\n")
     with pytest.raises(ConfigError, match=r"tab.yaml: line 2, column 1: not valid YAML \(found"):
         load_yaml(tab)
+    twice = tmp_path / "twice.yaml"  # PyYAML alone keeps the last `train:` and drops the first
+    twice.write_text("train: {steps: 50}\nseed: 1\ntrain: {eval_prompts: 0}\n")
+    with pytest.raises(
+        ConfigError, match=r"twice.yaml: line 3, column 1: not valid YAML \(duplicate key 'train'"
+    ):
+        load_yaml(twice)
+
+
+def test_exponent_notation_is_a_number_in_files_as_in_overrides(tmp_path):
+    """YAML 1.1 reads `1e-3` (no dot) as a string; a config reads it as the number it means,
+    in a file and inside an override's flow mapping alike."""
+    from jaxrl_llm.runner.overrides import parse_override
+
+    path = tmp_path / "lr.yaml"
+    path.write_text("optim: {learning_rate: 1e-3, b2: 9.99E-1}\nname: 1e3x\nsteps: 1_0\n")
+    assert load_yaml(path) == {
+        "optim": {"learning_rate": 0.001, "b2": 0.999},
+        "name": "1e3x",
+        "steps": 10,
+    }
+    assert parse_override("warm_start={steps: 5, learning_rate: 1e-3}") == (
+        ("warm_start",),
+        {"steps": 5, "learning_rate": 0.001},
+    )
+
+
+def test_a_value_that_fits_no_member_of_a_union_names_the_key_once():
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class Stops:
+        eos: int | tuple[int, ...] | None = None
+
+    with pytest.raises(ConfigError) as info:
+        build(Stops, {"eos": "abc"}, path="model")
+    assert str(info.value) == (
+        "model.eos: expected an integer, got 'abc'; or expected a list, got str."
+    )

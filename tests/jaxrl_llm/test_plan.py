@@ -304,6 +304,13 @@ def test_micro_batches_that_do_not_split_over_the_devices_are_counted_whole():
     assert any("2 sequences does not split evenly over data·fsdp = 4" in n for n in uneven.notes)
 
 
+def test_the_plan_command_refuses_a_top_below_one(capsys):
+    from jaxrl_llm.cli import main
+
+    assert main(["plan", "qwen3-0.6b", "--devices", "8", "--top", "0"]) == 2
+    assert capsys.readouterr().err == "jaxrl-llm plan: --top: must be >= 1, got 0.\n"
+
+
 def test_bad_inputs_are_named():
     with pytest.raises(ValueError, match="micro_batch=6 must divide the 64 sequences"):
         estimate("qwen2.5-7b", PlanConfig(mesh=(1, 4, 1), batch=8, group_size=8, micro_batch=6))

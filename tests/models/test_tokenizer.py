@@ -35,6 +35,8 @@ def test_byte_tokenizer_chat_format():
     tok = load_tokenizer("byte", chat_template=True)
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "2+2?"}]
     assert tok.render(messages) == "system: be brief\nuser: 2+2?\nassistant: "
+    assert tok.render("2+2?") == "user: 2+2?\nassistant: "  # one user message, as with HF
+    assert load_tokenizer("byte").render("2+2?") == "2+2?"
     with pytest.raises(ValueError, match="needs chat_template=True"):
         load_tokenizer("byte").render(messages)
 

@@ -65,6 +65,11 @@ def nothing_built(monkeypatch):
         ("sampling.temperature=-1", "`temperature` must be a finite number >= 0 (0 = greedy)"),
         ("rewards.timeout_s=-1", "rewards.timeout_s: must be > 0 or null, got -1.0."),
         ("checkpoint.every=0", "checkpoint: CheckpointConfig: `every` must be an int >= 1, got 0."),
+        # reward options that a checkpoint's JSON meta cannot hold (YAML makes a date)
+        (
+            "rewards.functions=[{fn: exact_answer, kwargs: {since: 2024-01-01}}]",
+            "`kwargs.since`: datetime.date(2024, 1, 1) is a date; options must be JSON data",
+        ),
         # wrong types and values
         ("train.eval_pass_k=3", "train.eval_pass_k: expected a list, got int."),
         ("optim.name=adamm", "optim.name: must be one of 'adamw', 'adam', 'lion', 'sgd'"),
@@ -97,6 +102,18 @@ def test_a_model_that_cannot_be_exported_is_refused_before_training(
     ), err
     assert err.rstrip().endswith("or set export.enabled: false."), err
     assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_a_run_dir_that_cannot_be_created_and_bad_eval_prompts_are_one_line(
+    capsys, tmp_path, nothing_built
+):
+    """Before the model is built (a traceback after it, once)."""
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    err = user_error(capsys, ["train", GRPO, *BASE, "--run-dir", str(afile / "run")])
+    assert err.startswith(f"jaxrl-llm train: run_dir: {afile / 'run'} cannot be created ("), err
+    err = user_error(capsys, ["eval", GRPO, *BASE, "--prompts", "0", "--run-dir", str(tmp_path)])
+    assert err == "jaxrl-llm eval: --prompts (num_prompts): must be >= 1, got 0.", err
 
 
 def test_the_process_exits_with_status_2_and_one_line(tmp_path, compile_cache):

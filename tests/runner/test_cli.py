@@ -111,7 +111,7 @@ def test_preference_run_rules(capsys, tmp_path):
     err = _error(capsys, ["train", kto, *model, *TINY, "data.source=sorting"])
     assert "data.source: preference runs read preference records" in err
     err = _error(capsys, ["train", kto, *TINY])  # the file has no model; TINY sets its width
-    assert "model.init: ModelConfig" in err and "'family' and 'vocab_size'" in err
+    assert "model.init: missing required key(s) 'family', 'vocab_size'." in err
 
 
 def test_missing_files_and_runs(capsys, tmp_path):

@@ -219,6 +219,9 @@ def test_the_optimizer_state_is_placed_like_the_parameters_it_mirrors(name):
         ({"schedule": "linear", "warmup_steps": 10, "total_steps": 10}, "needs `total_steps`"),
         ({"total_steps": 100}, "are for the 'linear' and 'cosine' schedules"),
         ({"accumulation_steps": 0}, "`accumulation_steps` must be >= 1"),
+        ({"b1": 1.5}, "`b1` must lie in [0, 1), got 1.5"),
+        ({"name": "sgd", "momentum": -0.1}, "`momentum` must lie in [0, 1), got -0.1"),
+        ({"eps": -1e-8}, "`eps` must be >= 0, got -1e-08"),
         ({"max_grad_norm": 0.0}, "`max_grad_norm` must be > 0"),
         (
             {"final_lr_ratio": 1.5, "schedule": "linear", "total_steps": 5},

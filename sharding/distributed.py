@@ -192,6 +192,12 @@ def initialize_distributed(
                 f"initialize_distributed: already initialized as process "
                 f"{current.process_id} of {current.num_processes}, asked for {index} of {count}."
             )
+        known = current.coordinator_address
+        if address is not None and known is not None and address != known:
+            raise ValueError(
+                f"initialize_distributed: already initialized with coordinator {known}, asked "
+                f"for {address}."
+            )
         return current
     if missing and len(missing) < 3:
         raise ValueError(

@@ -138,6 +138,10 @@ def logical_to_spec(
                     f"logical_to_spec: rule '{name}' -> {axes} names mesh axes {missing} that "
                     f"the mesh {tuple(mesh.axis_names)} lacks."
                 )
+            if len(set(candidate)) < len(candidate):
+                raise ValueError(
+                    f"logical_to_spec: rule '{name}' -> {axes} names a mesh axis twice."
+                )
             if used.intersection(candidate):
                 continue
             size = math.prod(mesh.shape[a] for a in candidate)

@@ -55,6 +55,11 @@ def test_settings_come_from_arguments_before_the_environment(no_cluster, monkeyp
     assert calls[-1]["initialization_timeout"] == 7
     info = initialize_distributed("arg:1", 2, 1, environ=env)
     assert info == dist.ProcessInfo(1, 2, "arg:1", "arguments")
+    # once started, the same settings return it; another coordinator is refused by name
+    monkeypatch.setattr(dist.jax.distributed, "is_initialized", lambda: True)
+    assert initialize_distributed("arg:1", 2, 1, environ={}) == info
+    with pytest.raises(ValueError, match="already initialized with coordinator arg:1, asked"):
+        initialize_distributed("other:2", 2, 1, environ={})
 
 
 def test_cluster_launchers_are_left_to_jax(monkeypatch):

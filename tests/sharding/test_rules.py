@@ -46,5 +46,7 @@ def test_errors_name_the_problem():
         logical_to_spec(("emb",), LOGICAL_AXIS_RULES, MESH)
     with pytest.raises(ValueError, match=r"names mesh axes \['model'\]"):
         logical_to_spec(("embed",), (("embed", "model"),), MESH)
+    with pytest.raises(ValueError, match=r"rule 'x' -> \('fsdp', 'fsdp'\) names a mesh axis twice"):
+        logical_to_spec(("x",), (("x", ("fsdp", "fsdp")),), MESH)
     with pytest.raises(ValueError, match="for an array of rank 1"):
         logical_to_spec(("embed", "mlp"), LOGICAL_AXIS_RULES, MESH, shape=(4,))

@@ -46,13 +46,18 @@ def test_loaded_checkpoint_matches_transformers(hf_checkpoints, family):
 def test_save_pretrained_round_trips_through_transformers(hf_checkpoints, family, tmp_path):
     _, path = hf_checkpoints[family]
     model = from_pretrained(path)
-    save_pretrained(model, tmp_path)
-    reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    _check_export_matches_in_transformers(model, tmp_path)
+    assert ModelConfig.from_json_file(tmp_path) == model.config
+
+
+def _check_export_matches_in_transformers(model, path):
+    """`save_pretrained(model, path)`, loaded by `transformers`, computes our logits."""
+    save_pretrained(model, path)
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     reloaded.config._attn_implementation = "eager"
     tokens = random_tokens((2, 9), seed=2)
     ours = jit_forward(model, tokens, positions_for(tokens))
     np.testing.assert_allclose(torch_logits(reloaded.eval(), tokens), ours, atol=TOL, rtol=0)
-    assert ModelConfig.from_json_file(tmp_path) == model.config
 
 
 def test_sharded_index_is_written_and_read(hf_checkpoints, tmp_path):
@@ -109,13 +114,7 @@ def test_gemma_defaults_are_written_as_transformers_needs_them(family, tmp_path)
     dims["num_layers"], dims["num_heads"] = 2, dims.pop("num_attention_heads")
     dims["num_kv_heads"] = dims.pop("num_key_value_heads")
     config = ModelConfig(family=family, **dims)
-    model = Decoder(config, rngs=nnx.Rngs(0))
-    save_pretrained(model, tmp_path)
-    reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
-    reloaded.config._attn_implementation = "eager"
-    tokens = random_tokens((2, 9), seed=2)
-    ours = jit_forward(model, tokens, positions_for(tokens))
-    np.testing.assert_allclose(torch_logits(reloaded.eval(), tokens), ours, atol=TOL, rtol=0)
+    _check_export_matches_in_transformers(Decoder(config, rngs=nnx.Rngs(0)), tmp_path)
     back = ModelConfig.from_json_file(tmp_path)
     expected = dataclasses.replace(config, query_pre_attn_scalar=DIMS["head_dim"])
     if family == "gemma3_text":  # local_rope None (the global rope) is written out

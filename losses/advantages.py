@@ -220,7 +220,10 @@ def _standardise(
     if scale == "group":
         den = jnp.where(mom.single, 1.0, jnp.sqrt(mom.var)) + eps
     elif scale == "batch":
-        den = _batch_std(s, v, ddof) + eps
+        # every valid reward equal: only "raw" singletons are non-zero; std 1 for them, as a
+        # float-residue std would amplify them by up to 1/eps
+        constant = jnp.max(jnp.where(v > 0, s, -jnp.inf)) <= jnp.min(jnp.where(v > 0, s, jnp.inf))
+        den = jnp.where(constant, 1.0, _batch_std(s, v, ddof)) + eps
     else:
         den = jnp.ones((), s.dtype)
     return _finish(centred / _safe(den), v, mom, singleton)
@@ -288,7 +291,8 @@ def group_advantages(
       valid: optional `[B,G]` bool; False samples leave the statistics and get advantage 0.
       singleton: groups with < 2 valid samples: "zero" (advantage 0) or "raw" (verl's loop
         estimators: mean 0, std 1, so `a = s/(1 + eps)` for "group", `s` for "none" and
-        `s/(σ_batch + eps)` for "batch").
+        `s/(σ_batch + eps)` for "batch", with σ_batch = 1 when every valid reward of the batch
+        is equal, so that nothing is amplified by `1/eps`).
 
     Returns:
       `[B,G]` float32 advantages under stop-gradient, 0 for invalid samples.

@@ -55,6 +55,9 @@ _SMOOTHED_TYPES = ("sigmoid", "robust", "exo_pair", "aot", "aot_unpaired")  # re
 _LOG_RATIO_TYPES = ("aot", "aot_unpaired", "apo_zero", "apo_down")  # defined on lr, not on s(lr)
 _SORTED_TYPES = ("aot", "aot_unpaired")  # re-match pairs by sorting over the batch
 _EXP_CAP = 80.0  # exponent cap of the forward-KL / α-divergence scores
+# |term| cap of the squared losses (IPO, SPPO): e^80 squared overflows float32; 1e17 squared
+# (1e34) leaves room for a batch's sum
+_SQUARE_CAP = 1e17
 
 
 class _Terms(NamedTuple):
@@ -120,14 +123,19 @@ def _discopop(t: _Terms) -> Array:
     return -jax.nn.log_sigmoid(z) * (1.0 - mu) + jnp.exp(-z + jax.nn.log_sigmoid(z / t.tau))
 
 
+def _square(x: Array) -> Array:
+    """`x²`, with `|x|` capped at `_SQUARE_CAP` (reached only by forward-KL / α scores)."""
+    return jnp.clip(x, -_SQUARE_CAP, _SQUARE_CAP) ** 2
+
+
 def _ipo(t: _Terms) -> Array:
     half_inv_beta = jnp.where(t.v > 0, 0.5 / jnp.where(t.v > 0, t.beta, 1.0), 0.0)
-    return (t.delta_len - half_inv_beta) ** 2
+    return _square(t.delta_len - half_inv_beta)
 
 
 def _sppo_hard(t: _Terms) -> Array:
     half_inv_beta = jnp.where(t.v > 0, 0.5 / jnp.where(t.v > 0, t.beta, 1.0), 0.0)
-    return (t.s_c - half_inv_beta) ** 2 + (t.s_r + half_inv_beta) ** 2
+    return _square(t.s_c - half_inv_beta) + _square(t.s_r + half_inv_beta)
 
 
 def _robust(t: _Terms) -> Array:

@@ -52,6 +52,9 @@ def _masked_max(x: Array, valid: Array) -> Array:
 # --------------------------------------------------------------------------------------------------
 
 
+_ST_CAP = 1e18  # |d| cap inside the straight-through term: ½·(1e18)² is still finite
+
+
 def _estimate(
     d: Array,
     estimator: str,
@@ -65,7 +68,11 @@ def _estimate(
     elif estimator == "abs":
         value = jnp.abs(d)
     elif estimator == "k2":
-        value = 0.5 * jnp.square(d)
+        # clamped through `d` (the same value as clipping ½d², whose gradient is inf·0 = NaN
+        # where the reference gives the token probability 0: d = +inf)
+        bound = None if clamp is None else jnp.sqrt(2.0 * jnp.asarray(clamp, jnp.float32))
+        dc = d if bound is None else jnp.clip(d, -bound, bound)
+        value = 0.5 * jnp.square(dc)
     else:  # k3
         dh = d if log_ratio_clamp is None else jnp.clip(d, -log_ratio_clamp, log_ratio_clamp)
         value = jnp.expm1(-dh) + dh
@@ -73,7 +80,7 @@ def _estimate(
         value = jnp.clip(value, -clamp, clamp)
     if straight_through and estimator != "k2":
         # the value of the estimator, the gradient of k2: sg(f) + (b − sg(b)), b = ½d²
-        b = 0.5 * jnp.square(d)
+        b = 0.5 * jnp.square(jnp.clip(d, -_ST_CAP, _ST_CAP))  # d = ±inf: finite, not inf − inf
         value = jax.lax.stop_gradient(value) + (b - jax.lax.stop_gradient(b))
     return value
 
@@ -398,12 +405,15 @@ def adaptive_kl_update(
 ) -> Array:
     """One step of the adaptive KL controller (ALGORITHMS.md §3.5).
 
-        e = clip(current_kl/target − 1, −0.2, 0.2) ;  β ← β·(1 + e·n_steps/horizon)
+        e = clip(current_kl/target − 1, −0.2, 0.2) ;  β ← β·max(1 + e·n_steps/horizon, 0)
 
     Source: "Fine-Tuning Language Models from Human Preferences" (Ziegler et al., arXiv
     1909.08593). Peers: verl `AdaptiveKLController` (β₀ 0.001, target 0.1, horizon 10000,
     `n_steps` = batch size), OpenRLHF (β₀ 0.01, horizon 10000); TRL has none. The relative change
-    is bounded by `0.2·n_steps/horizon`. `current_kl` is the batch's KL, e.g. `kl/mean`.
+    is bounded by `0.2·n_steps/horizon`. `current_kl` is the batch's KL, e.g. `kl/mean`. The
+    peers' factor `1 + e·n_steps/horizon` turns β negative (a KL *bonus*) once `n_steps` exceeds
+    `5·horizon` at a KL far below target; here β stops at 0 instead. A non-finite KL (a
+    diverged batch) leaves β unchanged.
 
     Args:
       beta: current coefficient β (float32 scalar, may be traced).
@@ -421,8 +431,10 @@ def adaptive_kl_update(
     """
     _check_controller(target, horizon, where="adaptive_kl_update")
     beta = jnp.asarray(beta, jnp.float32)
-    error = jnp.clip(jnp.asarray(current_kl, jnp.float32) / target - 1.0, -0.2, 0.2)
-    return beta * (1.0 + error * jnp.asarray(n_steps, jnp.float32) / horizon)
+    kl = jnp.asarray(current_kl, jnp.float32)
+    error = jnp.clip(kl / target - 1.0, -0.2, 0.2)
+    factor = jnp.maximum(1.0 + error * jnp.asarray(n_steps, jnp.float32) / horizon, 0.0)
+    return jnp.where(jnp.isfinite(kl), beta * factor, beta)
 
 
 class KLControllerState(NamedTuple):

@@ -147,7 +147,8 @@ def masked_whiten(
       axis: statistics per slice along `axis`; None uses all valid entries of the array.
 
     Returns:
-      Array of the shape of `x`, 0 outside the mask.
+      Array of the shape of `x`, 0 outside the mask; a slice whose valid entries are all
+      equal gives exactly 0 (its mean with `shift_mean=False`), whatever `eps` is.
 
     Examples:
       >>> import jax.numpy as jnp
@@ -160,20 +161,19 @@ def masked_whiten(
     xz, m = _valid(as_float32(x), mask, "masked_whiten")
     count = jnp.sum(m, axis=axis, keepdims=True)
     mean = jnp.sum(xz, axis=axis, keepdims=True) / jnp.maximum(count, 1.0)
-    centred = jnp.where(m > 0, xz - mean, 0.0)
+    # equal valid entries (or none) centre to exactly 0: `x − μ` would be float residue, which
+    # a small eps scales up to O(1), and eps = 0 to NaN
+    hi = jnp.max(jnp.where(m > 0, xz, -jnp.inf), axis=axis, keepdims=True)
+    lo = jnp.min(jnp.where(m > 0, xz, jnp.inf), axis=axis, keepdims=True)
+    centred = jnp.where((m > 0) & (hi > lo), xz - mean, 0.0)
     var = jnp.sum(centred**2, axis=axis, keepdims=True) / jnp.maximum(count - ddof, 1.0)
     if eps_mode == "add":
-        scale = _rsqrt(var + eps)
+        den = jnp.sqrt(var + eps)
     elif eps_mode == "max":
-        scale = _rsqrt(jnp.maximum(var, eps))
+        den = jnp.sqrt(jnp.maximum(var, eps))
     else:
-        scale = 1.0 / (jnp.sqrt(var) + eps)
-    y = centred * scale
+        den = jnp.sqrt(var) + eps
+    y = centred / jnp.where(den > 0, den, 1.0)  # den is 0 only where every centred entry is
     if not shift_mean:
         y = y + mean
     return y * m
-
-
-def _rsqrt(x: Array) -> Array:
-    """`1/sqrt(x)` (kept as one function so the whitening modes read like the formula)."""
-    return jnp.reciprocal(jnp.sqrt(x))

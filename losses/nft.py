@@ -40,8 +40,14 @@ def _log_ratio_nft(inputs: PolicyInputs, level: str, log_ratio_max: Any) -> Arra
 
 
 def _straight_through_log(x: Array, floor: Any) -> Array:
-    """`log stclamp(x, c)` with `stclamp(x, c) = x + sg(max(x, c) − x)`: clamped value, gradient ∂x/max(x, c)."""
-    return jnp.log(x + jax.lax.stop_gradient(jnp.maximum(x, floor) - x))
+    """`log stclamp(x, c)` with `stclamp(x, c) = x + sg(max(x, c) − x)`: clamped value, gradient ∂x/max(x, c).
+
+    Written as `sg(log max(x, c)) + (x − sg(x)) / sg(max(x, c))`, the same value and gradient
+    without adding `c` to `x`: for `x ≪ −c` (a negative sample with a large ratio) float32
+    rounds `x + (c − x)` to 0, and the log to −inf.
+    """
+    clamped = jax.lax.stop_gradient(jnp.maximum(x, floor))
+    return jnp.log(clamped) + (x - jax.lax.stop_gradient(x)) / clamped
 
 
 def _check_acc_clip(acc_clip: Any, where: str) -> tuple[float, float]:

@@ -47,11 +47,16 @@ def _smoothed_sigmoid(x: Array, eps: Array) -> Array:
     return -(1.0 - eps) * jax.nn.log_sigmoid(x) - eps * jax.nn.log_sigmoid(-x)
 
 
+_EXP_CAP = 80.0  # exponent cap of AlphaPO's shape (as `dpo_loss`'s f-divergence scores)
+
+
 def _alpha_shape(avg_logp: Array, alpha: float) -> Array:
-    """AlphaPO's reward shape `u = (1 − exp(−α·π̄))/α`, `u = π̄` at α = 0 (continuous in α)."""
+    """AlphaPO's reward shape `u = (1 − exp(−α·π̄))/α`, `u = π̄` at α = 0 (continuous in α);
+    the exponent is capped at 80 (`π̄ < −80/α`: e^80 already saturates the loss), as float32
+    overflows past 88."""
     if alpha == 0:
         return avg_logp
-    return -jnp.expm1(-alpha * avg_logp) / alpha
+    return -jnp.expm1(jnp.minimum(-alpha * avg_logp, _EXP_CAP)) / alpha
 
 
 def simpo_loss(

@@ -325,6 +325,21 @@ def test_bnpo_moment_matching_matches_reference():
     assert_close(_bnpo(r, alpha=0.7, beta=2.5, max_weight=1.3), want)
 
 
+def test_raw_singletons_under_a_constant_batch_are_not_amplified_by_eps():
+    """scale="batch", singleton="raw": every valid reward equal (σ_batch = 0) left the
+    singleton's raw reward divided by eps (3e6); it is divided by 1 + eps, as for "group"."""
+    r = np.array([[3.0, 3.0], [3.0, 5.0]], np.float32)
+    v = np.array([[1, 1], [1, 0]], bool)
+    for eps in (1e-6, 0.0):
+        kw = {"scale": "batch", "singleton": "raw", "valid": v, "eps": eps}
+        a = losses.group_advantages(r, **kw)
+        assert_close(a, [[0.0, 0.0], [3.0 / (1.0 + eps), 0.0]])
+        flat = losses.group_advantages_flat(
+            r.reshape(-1), np.array([0, 0, 1, 1]), num_groups=2, **{**kw, "valid": v.reshape(-1)}
+        )
+        assert_close(flat, np.asarray(a).reshape(-1))
+
+
 def test_bnpo_zero_batch_variance_falls_back_to_uniform():
     r = np.array([[1, 0, 0, 0], [0, 0, 1, 0]], np.float32)  # p = 0.25 for both groups: v = 0
     assert_close(_bnpo(r), r - 0.25)

@@ -554,3 +554,19 @@ def test_discopop_stays_finite_for_large_negative_margins():
     (loss, _), (g_c, _) = value_and_grads(loss_type="discopop")(far, z, z, z)
     assert_close(loss, 300.0)  # −logσ(−300)·(1 − μ) with μ ≈ e^{−6000}
     assert_close(g_c, [-0.1])
+
+
+@pytest.mark.parametrize("loss_type", ["ipo", "sppo_hard"])
+@pytest.mark.parametrize(("f", "alpha"), [("forward_kl", 1.0), ("alpha_divergence", 0.5)])
+def test_squared_types_stay_finite_for_scores_near_the_exponent_cap(loss_type, f, alpha):
+    """A sequence log-ratio of −90 gives a score of −e^80 (the cap) under the forward KL,
+    whose square overflowed float32: the loss was inf and its gradient NaN. The squared term
+    is capped at 1e17 (the loss ≥ 1e34 there, the gradient 0: no signal either way)."""
+    far = np.array([-90.0, -1.0], np.float32)
+    z = np.zeros(2, np.float32)
+    kw = {"loss_type": loss_type, "f_divergence": f, "f_alpha": alpha}
+    (loss, _), grads = value_and_grads(**kw)(far, z, z, z)
+    assert np.isfinite(float(loss)) and float(loss) > 1e33
+    assert all(np.isfinite(np.asarray(g)).all() for g in grads)
+    (near, _), _ = value_and_grads(**kw)(far[1:], z[1:], z[1:], z[1:])
+    assert np.isfinite(float(near)) and float(near) < 1e3  # ordinary scores are not capped

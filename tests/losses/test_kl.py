@@ -437,6 +437,9 @@ def test_adaptive_update_anchor_and_properties():
     rel = np.abs(betas / 0.01 - 1.0)
     assert np.all(rel <= 0.2 * 256 / 10000 + 1e-6)  # bounded relative change
     assert_close(rel.max(), 0.2 * 256 / 10000)
+    # a batch over 5 horizons at KL 0: the peers' factor 1 − 0.2·1024/100 makes β negative
+    assert_close(jcall(adaptive_kl_update, 0.1, 0.0, 1024, horizon=100), 0.0)
+    assert_close(update(0.02, np.nan, 256), 0.02)  # a non-finite KL leaves β as it was
     with pytest.raises(ValueError, match="`target` must be > 0"):
         adaptive_kl_update(0.1, 0.1, 1, target=0.0)
     with pytest.raises(ValueError, match="`horizon` must be > 0"):

@@ -77,6 +77,22 @@ def test_whiten_properties():
             assert_close(losses.masked_mean(per_row[n], m[n]), 0.0, atol=1e-6)
 
 
+@pytest.mark.parametrize("eps_mode", ["add", "max", "std"])
+def test_whiten_of_equal_entries_is_zero_whatever_eps(eps_mode):
+    """Equal valid entries (every answer right) and an all-invalid slice: exactly 0 (the mean
+    with shift_mean=False), also at eps = 0, which gave 0/0 = NaN, and never float residue
+    scaled up by a small eps."""
+    x = np.array([[0.1, 0.1, 0.1, 5.0], [1.0, 2.0, 3.0, 4.0]], np.float32)
+    m = np.array([[1, 1, 1, 0], [0, 0, 0, 0]], np.float32)
+    for eps in (0.0, 1e-12):
+        y = losses.masked_whiten(x, m, eps=eps, eps_mode=eps_mode, axis=1)
+        np.testing.assert_array_equal(np.asarray(y), 0.0)
+        kept = losses.masked_whiten(x, m, eps=eps, eps_mode=eps_mode, axis=1, shift_mean=False)
+        assert_close(kept[0, :3], 0.1)
+    rloo = losses.rloo_advantages(np.ones((2, 4), np.float32), normalize="batch", norm_eps=0.0)
+    np.testing.assert_array_equal(np.asarray(rloo), 0.0)
+
+
 @pytest.mark.parametrize(
     "fn",
     [

@@ -152,6 +152,26 @@ def test_paper_example_quarter_accuracy():
     assert_close(grad[:, 0], [-1.732051, 0.577350, 0.577350, 0.577350])
 
 
+def test_a_far_negative_argument_is_clamped_exactly():
+    """Groups of 4 with 3 right (r_q = 3/4) and a wrong sample at sequence log-ratio 9.9 (under
+    the default cap 10): `(1 − r_q·R)/(1 − r_q)` ≈ −6e4, whose clamp to 1e-3 rounded to 0 when
+    written `x + sg(c − x)`: the loss was inf. It is −log c per token, with the float64 gradient."""
+    labels = np.array([[0, 1, 1, 1]] * B, np.int32)
+    mask = np.ones((N, 3), np.float32)
+    lp = np.full((N, 3), -1.0, np.float32)
+    old = lp.copy()
+    old[0] -= 3.3  # sequence log-ratio 9.9 on the wrong sample of group 0
+    upstream = np.full((N, 3), 1.0 / (N * 3))  # token_mean
+    kwargs = {"clamp_neg": 1e-3, "ratio_level": "sequence"}
+    loss_fn = lambda x: nft_loss(x, old, labels, mask, agg="token_mean", **kwargs)[0]  # noqa: E731
+    ell, grad_ref = np_nft(lp, old, labels, mask, upstream, **kwargs)
+    assert_close(ell[0, 0], -np.log(1e-3))
+    assert_close(float(loss_fn(lp)), float(ell.sum() / (N * 3)), rtol=1e-5)
+    grad = jax.grad(loss_fn)(lp)
+    assert np.isfinite(np.asarray(grad)).all()
+    assert_close(grad, grad_ref, rtol=1e-4, atol=1e-6)
+
+
 def test_nan_outside_the_mask_does_not_leak():
     rng, lp, old, mask = random_batch(2)
     is_w = rng.uniform(0.5, 1.5, size=(N, T)).astype(np.float32)

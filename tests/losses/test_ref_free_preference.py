@@ -66,6 +66,18 @@ def test_simpo_anchor():
     assert_close(loss, 1.313262)
 
 
+def test_alphapo_stays_finite_for_very_unlikely_responses():
+    """α = 1 and π̄_c = −100: e^{−α·π̄} overflowed float32 (loss inf); its exponent is capped
+    at 80, where the loss is already saturated."""
+    far, near = np.array([-100.0], np.float32), np.array([-1.0], np.float32)
+    (loss, metrics), grads = jax.value_and_grad(
+        lambda c, r: simpo_loss(c, r, alpha=1.0), argnums=(0, 1), has_aux=True
+    )(far, near)
+    assert np.isfinite(float(loss)) and float(loss) > 1e30
+    assert all(np.isfinite(np.asarray(g)).all() for g in grads)
+    assert all(np.isfinite(np.asarray(v)).all() for v in jax.tree.leaves(metrics))
+
+
 @pytest.mark.parametrize("alpha", [0.0, 0.7, -0.4])
 def test_simpo_matches_reference_and_gradient(alpha):
     rng, c, r, valid = avg_batch(1)

@@ -21,7 +21,7 @@
   sampling, in-graph reward, advantages and update, `K` iterations per host call.
 - `compilation_cache`: JAX's persistent compilation cache (`train.compilation_cache`).
 - `faults`: fault injection points for the crash tests (inert unless `JAXRL_LLM_FAULT` is set).
-- `context`, `setup`, `loop`: `RunContext`, `prepare_run`, `run_training`, `train`.
+- `context`, `setup`, `loop`: `RunContext`, `iterated_examples`, `prepare_run`, `run_training`, `train`.
 - `prefetch`: `BatchPrefetch`, a supervised run's next batch prepared while the update runs.
 """
 
@@ -52,7 +52,7 @@ from jaxrl_llm.runner.config import (
     config_hash,
     config_to_dict,
 )
-from jaxrl_llm.runner.context import RunContext, reference_policy
+from jaxrl_llm.runner.context import RunContext, iterated_examples, reference_policy
 from jaxrl_llm.runner.eval_run import evaluate_run, format_eval_table, parse_checkpoint
 from jaxrl_llm.runner.evaluate import evaluate_policy, evaluate_sft, evaluate_state, pass_at_k
 from jaxrl_llm.runner.faults import fault_point, parse_fault
@@ -198,6 +198,7 @@ __all__ = [
     "group_has_spread",
     "in_graph_scores",
     "in_graph_stop_ids",
+    "iterated_examples",
     "iterations_program",
     "kept_rows_logprob_program",
     "load_preference_eval_examples",

@@ -17,6 +17,7 @@ with 128 + the signal number (143 / 130).
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 from typing import Any
@@ -29,6 +30,10 @@ HUGEPAGE_COMMANDS = ("train", "eval", "demo", "sample")
 
 
 def main(argv: list[str] | None = None) -> int:
+    # `python -m` imports modules of the current directory; the `jaxrl-llm` script alone would
+    # not, so `fn: "my_rewards:score"` beside the config would fail (appended: never shadows)
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
     parser = argparse.ArgumentParser(
         prog="jaxrl-llm",
         description=__doc__,
@@ -314,6 +319,8 @@ def _sample(args: argparse.Namespace) -> int:
     try:
         if args.dtype not in dtypes:
             raise ValueError(f"--dtype must be one of {sorted(dtypes)}, got {args.dtype!r}.")
+        if not os.path.isdir(args.checkpoint):
+            raise ValueError(f"{args.checkpoint} is not a checkpoint directory.")
         tokenizer = load_tokenizer(args.tokenizer or args.checkpoint, chat_template=args.chat)
         model = from_pretrained(args.checkpoint, dtype=dtypes[args.dtype])
         if tokenizer.vocab_size > model.config.vocab_size:

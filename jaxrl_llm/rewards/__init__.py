@@ -50,6 +50,7 @@ from jaxrl_llm.rewards.model_reward import reward_model
 from jaxrl_llm.rewards.registry import (
     RewardFunction,
     RewardFunctionConfig,
+    check_reward_call,
     import_callable,
     resolve_reward_function,
 )
@@ -77,6 +78,7 @@ __all__ = [
     "RewardScores",
     "answers_match",
     "call_with_timeout",
+    "check_reward_call",
     "combined_advantages",
     "completion_content",
     "decode_completions",

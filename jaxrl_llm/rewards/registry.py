@@ -14,7 +14,7 @@ import functools
 import importlib
 import inspect
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from jaxrl_llm.config import ConfigError
@@ -116,7 +116,8 @@ def import_callable(path: str) -> RewardFn:
         obj: Any = importlib.import_module(module_name)
     except ImportError as err:
         raise ValueError(
-            f"reward function {path!r}: cannot import module {module_name!r}: {err}"
+            f"reward function {path!r}: cannot import module {module_name!r}: {err} (a module "
+            "of your own must be importable: in the current directory, or on PYTHONPATH)"
         ) from err
     for part in attr.split("."):
         if not hasattr(obj, part):
@@ -144,6 +145,31 @@ def _check_kwargs(fn: RewardFn, kwargs: dict[str, Any], spec: str) -> None:
             raise ValueError(
                 f"reward function {spec!r}: unknown option {key!r}{hint}; it takes: {options}."
             )
+
+
+def check_reward_call(function: RewardFunction, fields: Sequence[str]) -> None:
+    """Check that `function.fn(prompts, completions, **fields)` binds, as the run calls it
+    with every example field (`fields`): two positional arguments, and each field taken by
+    name or by `**fields`. Raises a ValueError naming the function and what it lacks.
+
+    Examples:
+      >>> def score(completions): return [1.0] * len(completions)
+      >>> check_reward_call(RewardFunction("score", score, 1.0), ["answer"])
+      Traceback (most recent call last):
+      ...
+      ValueError: reward function 'score' must take (prompts, completions, **fields): it takes (completions).
+    """
+    try:
+        signature = inspect.signature(function.fn)
+    except (TypeError, ValueError):  # builtins without a signature: nothing to check against
+        return
+    try:
+        signature.bind([], [], **dict.fromkeys(fields))
+    except TypeError as err:
+        raise ValueError(
+            f"reward function {function.name!r} must take (prompts, completions, **fields): it "
+            f"takes {signature}" + ("." if "positional" in str(err) else f"; {err}.")
+        ) from None
 
 
 def resolve_reward_function(config: RewardFunctionConfig) -> RewardFunction:

@@ -125,7 +125,15 @@ def evaluate_run(
                     f"complete steps: {steps}."
                 )
             with jax.set_mesh(mesh):
-                state, _ = ckpt.restore(step, target_state=state)
+                try:
+                    state, _ = ckpt.restore(step, target_state=state)
+                except ValueError as err:
+                    if "opt_state" not in str(err):
+                        raise
+                    raise ConfigError(  # the whole train state is restored, optimizer included
+                        f"{err} The optimizer state differs: evaluate with the optim.* "
+                        "settings (and overrides) the run was trained with."
+                    ) from None
         label = str(step)
     # the key of the run's own evaluation at that step (step 0: before training), so that the
     # command reproduces the metrics the run logged for the checkpoint

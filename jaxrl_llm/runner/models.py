@@ -84,6 +84,11 @@ def run_tokenizer(config: RunConfig) -> Any:
       258
     """
     path = config.tokenizer.path if config.tokenizer.path is not None else config.model.checkpoint
+    if config.tokenizer.path is None and not pathlib.Path(path).is_dir():
+        raise ConfigError(
+            f"model.checkpoint: {path} is not a directory (tokenizer.path: null reads the "
+            "tokenizer from it too)."
+        )
     try:
         return load_tokenizer(path, chat_template=config.tokenizer.chat_template)
     except (ValueError, OSError) as err:

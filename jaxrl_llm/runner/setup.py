@@ -31,6 +31,7 @@ from jaxrl_llm.config import ConfigError
 from jaxrl_llm.data import IteratorState
 from jaxrl_llm.metrics_log import METRICS_FILE
 from jaxrl_llm.models import LORA_PATTERN
+from jaxrl_llm.rewards import check_reward_call
 from jaxrl_llm.runner.compilation_cache import enable_compilation_cache
 from jaxrl_llm.runner.config import RunConfig, check_devices, config_to_dict
 from jaxrl_llm.runner.context import RunContext, iterated_examples
@@ -105,7 +106,7 @@ def _check_run_dir(run_dir: pathlib.Path, resume: bool) -> bool:
     _check_writable(run_dir)
     directory = run_dir / CHECKPOINT_DIR
     latest, unreadable = None, []
-    if directory.is_dir():
+    if directory.is_dir() and any(directory.iterdir()):  # orbax only where there is something
         with Checkpointer(directory, save_every=1) as existing:
             latest = existing.latest_step()
             unreadable = existing.unreadable_steps()
@@ -402,6 +403,11 @@ def build_context(
     """
     tokenizer = run_tokenizer(config)
     task = load_task(config, tokenizer)  # bad data fails before a model is loaded or built
+    # and so do reward functions that cannot be imported or called as the run calls them
+    functions = [] if config.rewards.jax_native else config.rewards.resolve()
+    fields = [k for k in (task.train[0] if task.train else {}) if all(k in e for e in task.train)]
+    for function in functions:
+        check_reward_call(function, [*fields, "completion_lengths"])
     policy = build_policy(config)
     check_vocabulary(tokenizer, policy)
     critic = build_critic(config, policy)
@@ -462,7 +468,6 @@ def build_context(
         group_size=prompt_group_size(config, mesh, update=True),
         samples_per_prompt=config.group_size,
     )
-    functions = [] if config.rewards.jax_native else config.rewards.resolve()
     context = RunContext(
         config=config,
         tokenizer=tokenizer,

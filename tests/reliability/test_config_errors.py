@@ -12,9 +12,11 @@ for its exit status and output.
 from __future__ import annotations
 
 import math
+import sys
 
 import pytest
 
+from jaxrl_llm.cli import main
 from jaxrl_llm.config import ConfigError
 from jaxrl_llm.rewards import (
     RewardConfig,
@@ -88,6 +90,60 @@ def test_bad_values_are_one_line_errors_before_any_compilation(
     err = user_error(capsys, ["train", GRPO, *BASE, override, "--run-dir", str(tmp_path)])
     assert err.startswith("jaxrl-llm train: ") and message in err, err
     assert not (tmp_path / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["rewards.functions=[{fn: 'nosuchmod:f'}]"],
+            "reward function 'nosuchmod:f': cannot import module 'nosuchmod'",
+        ),
+        (
+            ["rewards.functions=[{fn: 'math:sqrt'}]"],
+            "reward function 'sqrt' must take (prompts, completions, **fields): it takes (x, /).",
+        ),
+        # a mistyped checkpoint, named as such (it was reported as a tokenizer directory)
+        (
+            ["model={checkpoint: /no/such/model}", "tokenizer.path=null"],
+            "model.checkpoint: /no/such/model is not a directory (tokenizer.path: null reads",
+        ),
+    ],
+)
+def test_rewards_and_the_checkpoint_path_are_checked_before_a_model_is_built(
+    capsys, tmp_path, monkeypatch, overrides, message
+):
+    """After the data (which gives the fields a reward receives), before the model: an import
+    error once came after a whole warm start, a wrong signature at the first scoring, and a
+    mistyped checkpoint was named as a tokenizer directory."""
+
+    def build_policy(*args, **kwargs):
+        raise AssertionError("the error came after the model was built")
+
+    monkeypatch.setattr(setup, "build_policy", build_policy)
+    argv = ["train", GRPO, *BASE, *overrides, "--run-dir", str(tmp_path)]
+    err = user_error(capsys, argv)
+    assert err.startswith("jaxrl-llm train: ") and message in err, err
+
+
+def test_a_reward_module_in_the_current_directory_is_imported(tmp_path, monkeypatch):
+    """`fn: "beside:score"` with `beside.py` in the working directory, as `python -m` would
+    import it (the console script once did not): resolved and checked, then the model."""
+    (tmp_path / "beside.py").write_text(
+        "def score(prompts, completions, **fields):\n    return [0.0] * len(completions)\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+
+    class ModelReachedError(Exception):
+        pass
+
+    def build_policy(*args, **kwargs):
+        raise ModelReachedError
+
+    monkeypatch.setattr(setup, "build_policy", build_policy)
+    with pytest.raises(ModelReachedError):
+        main(["train", GRPO, *BASE, "rewards.functions=[{fn: 'beside:score'}]", "--run-dir", "r"])
 
 
 def test_a_model_that_cannot_be_exported_is_refused_before_training(

@@ -8,7 +8,9 @@ from jaxrl_llm.config import ConfigError, build
 from jaxrl_llm.rewards import (
     BUILTIN_REWARDS,
     RewardConfig,
+    RewardFunction,
     RewardFunctionConfig,
+    check_reward_call,
     import_callable,
     resolve_reward_function,
 )
@@ -121,3 +123,21 @@ def test_reward_config_errors_name_the_key(data, message):
 
 def test_jax_native_is_allowed_for_the_exact_answer_reward():
     assert build(RewardConfig, {"jax_native": True}).jax_native
+
+
+def test_a_reward_is_checked_against_the_call_the_run_makes():
+    """`fn(prompts, completions, **fields)` with every example field: a function that names
+    only some fields and has no `**fields` fails on the others, by name, before any scoring."""
+
+    def named(prompts, completions, answer):
+        return [0.0] * len(completions)
+
+    def catch_all(prompts, completions, **fields):
+        return [0.0] * len(completions)
+
+    check_reward_call(RewardFunction("catch_all", catch_all, 1.0), ["answer", "id"])
+    check_reward_call(RewardFunction("named", named, 1.0), ["answer"])
+    with pytest.raises(ValueError, match="got an unexpected keyword argument 'id'"):
+        check_reward_call(RewardFunction("named", named, 1.0), ["answer", "id"])
+    bound = resolve_reward_function(RewardFunctionConfig(fn="math_answer"))
+    check_reward_call(bound, ["answer", "completion_lengths"])  # built-ins take **fields

@@ -80,6 +80,11 @@ def test_eval_command_on_a_trained_run(tmp_path, capsys):
     assert {k: v for k, v in filtered.items() if k != "time/eval_s"} == {
         k: v for k, v in result.items() if k != "time/eval_s"
     }
+    # another optimizer than the run's: the restored state cannot match; said so, in one line
+    adam = ["optim.name=adamw", "optim.momentum=null"]
+    assert main(["eval", GRPO, *overrides, *adam, "--run-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "The optimizer state differs: evaluate with the optim.* settings" in err, err
 
     # the greedy accuracy, recomputed with the public sampler on the exported policy
     from jaxrl_llm.runner import load_run_config, load_task
@@ -119,6 +124,9 @@ def test_eval_command_on_a_trained_run(tmp_path, capsys):
     assert main(["eval", GRPO, *overrides, "--checkpoint", "7", "--run-dir", str(tmp_path)]) == 2
     assert "step 7 has no complete checkpoint" in capsys.readouterr().err
     assert main(["eval", GRPO, *overrides, "--prompts", "0", "--run-dir", str(tmp_path)]) == 2
+    assert "--prompts (num_prompts): must be >= 1, got 0." in capsys.readouterr().err
+    off = [*overrides, "train.eval_prompts=0"]
+    assert main(["eval", GRPO, *off, "--run-dir", str(tmp_path)]) == 2
     assert "train.eval_prompts: 0 (evaluation off)" in capsys.readouterr().err
 
 

@@ -114,6 +114,10 @@ def test_sample_command_reports_bad_input_with_exit_status_2(checkpoint, tmp_pat
     assert "--dtype must be one of" in capsys.readouterr().err
     assert main(["sample", checkpoint, "--tokenizer", "byte", "--prompt", "x", "--top-p", "2"]) == 2
     assert "`top_p` must be in (0, 1]" in capsys.readouterr().err
+    # a mistyped checkpoint is named as such, not as a tokenizer directory
+    assert main(["sample", str(tmp_path / "nope"), "--prompt", "x"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"jaxrl-llm sample: {tmp_path / 'nope'} is not a checkpoint directory.\n", err
 
 
 def test_sample_command_reports_exact_match_pass_at_k(checkpoint, capsys):

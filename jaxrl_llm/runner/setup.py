@@ -403,10 +403,12 @@ def build_context(
     """
     tokenizer = run_tokenizer(config)
     task = load_task(config, tokenizer)  # bad data fails before a model is loaded or built
-    # and so do reward functions that cannot be imported or called as the run calls them
+    # and so do reward functions that cannot be imported, or (RL) called as every train step
+    # calls them, with the train examples' fields (other runs score only their eval split)
     functions = [] if config.rewards.jax_native else config.rewards.resolve()
-    fields = [k for k in (task.train[0] if task.train else {}) if all(k in e for e in task.train)]
-    for function in functions:
+    train = task.train if config.kind == "rl" else []
+    fields = [k for k in (train[0] if train else {}) if all(k in e for e in train)]
+    for function in functions if train else ():
         check_reward_call(function, [*fields, "completion_lengths"])
     policy = build_policy(config)
     check_vocabulary(tokenizer, policy)

@@ -150,7 +150,13 @@ def reward_model(
         path, head="value", mesh=device_mesh, dtype=_DTYPES[dtype], param_dtype=_DTYPES[dtype]
     )
     assert isinstance(model, ValueModel)
-    tok = load_tokenizer(path if tokenizer is None else tokenizer)
+    try:
+        tok = load_tokenizer(path if tokenizer is None else tokenizer)
+    except ValueError as err:  # the reward model's own option, not the run's tokenizer.path
+        raise ValueError(
+            f"reward_model: {err} For a reward model, set its `tokenizer` option "
+            "(kwargs: {tokenizer: byte}, say)."
+        ) from None
     if add_eos and tok.eos_id is None:
         raise ValueError("reward_model: the tokenizer has no EOS token; set add_eos: false.")
     graphdef, state = nnx.split(model)

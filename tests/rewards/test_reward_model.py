@@ -95,6 +95,9 @@ def test_resolved_from_a_config_and_bad_checkpoints_are_named(checkpoint, tmp_pa
         reward_model(checkpoint=str(checkpoint), mesh={"data": 2})
     with pytest.raises(ValueError, match="unexpected keyword argument 'model'"):
         reward_model(checkpoint=str(checkpoint), mesh={"model": 1})
+    # a byte-tokenizer export has no tokenizer files: the fix is the reward model's option
+    with pytest.raises(ValueError, match=r"reward_model: no tokenizer files in .* set its `tok"):
+        reward_model(checkpoint=str(checkpoint))
 
 
 def test_grpo_raises_the_reward_models_score(checkpoint, tmp_path):

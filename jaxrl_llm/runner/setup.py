@@ -95,10 +95,11 @@ class PreparedRun(NamedTuple):
 def _check_run_dir(run_dir: pathlib.Path, resume: bool) -> bool:
     """A fresh run needs an unused run directory, a resumed one a complete checkpoint.
 
-    Checked before anything is written in `run_dir` (only the directory itself is created). A resumed run whose directory holds a run
-    that stopped before its first checkpoint was written (its metrics, no step directory, at
-    most an unfinished save) starts again from step 0: it lost every step, as it would with
-    any checkpoint, and neither starting fresh nor resuming would otherwise be possible.
+    Checked before anything is written in `run_dir` (only the directory itself is created).
+    A resumed run whose directory holds a run that stopped before its first checkpoint was
+    written (its metrics, no step directory, at most an unfinished save) starts again from
+    step 0: it lost every step, as it would with any checkpoint, and neither starting fresh
+    nor resuming would otherwise be possible.
 
     Returns:
       Whether a resumed run starts again from step 0.

@@ -5,11 +5,15 @@
 
 - appends one JSON line `{"step": s, "time": unix_seconds, "elapsed": seconds, <metrics>}` to
   `run_dir/metrics.jsonl` (flushed per line, so a crash loses at most the line being written);
-- writes TensorBoard scalars to `run_dir/tensorboard/` (tensorboardX; no TensorFlow);
+- writes TensorBoard scalars to `run_dir/tensorboard/` (tensorboardX; no TensorFlow). Its tags
+  take letters, digits and `_ - . /` only: another character becomes `_` there
+  (`eval/pass@1` is the tag `eval/pass_1`), said once per key in a warning;
 - forwards them to Weights & Biases when asked for *and* `wandb` is installed (a warning, not
   an error, when it is not);
 - shows a live rich progress bar (step/total, ETA, a few chosen metrics) when the output is a
-  terminal, and prints a plain line every `print_every` steps in any case (CI logs).
+  terminal, and prints a plain line in any case (CI logs): for the first record, the first
+  record of a step after 0 (the first training step), the first record at or past each
+  multiple of `print_every`, and the last step.
 
 Resume rule: `MetricsLogger(run_dir, resume_step=N)` keeps the lines of steps `<= N` and drops
 later ones (they were logged after the checkpoint of step N and will be logged again); the
@@ -31,6 +35,7 @@ import io
 import json
 import os
 import pathlib
+import re
 import sys
 import time
 import warnings
@@ -76,7 +81,8 @@ class MetricsConfig:
       wandb_project: a W&B project name to log to (None: W&B off); used only when the `wandb`
         package is installed.
       progress_keys: metric keys shown next to the progress bar and in the plain lines.
-      print_every: plain progress line every this many steps.
+      print_every: a plain progress line about every this many steps (the first logged
+        step at or past each multiple), and at the first and last steps.
 
     Examples:
       >>> from jaxrl_llm.config import build
@@ -204,20 +210,36 @@ def _truncate_after(path: pathlib.Path, step: int) -> int:
     return len(lines) - len(kept)
 
 
-def _to_number(key: str, value: Any) -> int | float:
-    array = np.asarray(value)
-    if array.size != 1:
+def _check_value(key: str, value: Any) -> None:
+    """A scalar real number or bool: read from the value's shape and dtype (no device transfer
+    for a JAX array), so that every process of a job checks what process 0 writes."""
+    shape = np.shape(value)
+    dtype = getattr(value, "dtype", None)
+    dtype = np.asarray(value).dtype if dtype is None else np.dtype(dtype)
+    if int(np.prod(shape)) != 1:
+        raise ValueError(f"MetricsLogger.log: metric '{key}' must be a scalar, got shape {shape}.")
+    real = jax.numpy.issubdtype(dtype, jax.numpy.floating) or np.issubdtype(dtype, np.integer)
+    if not (real or dtype == np.bool_):  # complex values too: JSON has no complex numbers
         raise ValueError(
-            f"MetricsLogger.log: metric '{key}' must be a scalar, got shape {array.shape}."
+            f"MetricsLogger.log: metric '{key}' must be a real number, got {dtype} ({value!r})."
         )
+
+
+def _to_number(value: Any) -> int | float:
+    """A checked (`_check_value`) host value as a Python int or float (bools and floats of any
+    width as float)."""
+    array = np.asarray(value)
     if jax.numpy.issubdtype(array.dtype, jax.numpy.floating):  # also bfloat16, float8
         array = array.astype(np.float64)
-    if not (np.issubdtype(array.dtype, np.number) or array.dtype == np.bool_):
-        raise ValueError(
-            f"MetricsLogger.log: metric '{key}' must be a number, got {array.dtype} ({value!r})."
-        )
     item = array.reshape(()).item()
     return item if isinstance(item, int) and not isinstance(item, bool) else float(item)
+
+
+_TAG_CHARACTERS = re.compile(r"[^-/\w.]")  # what tensorboardX replaces by "_" in a tag
+
+
+def _tensorboard_tag(key: str) -> str:
+    return _TAG_CHARACTERS.sub("_", key)
 
 
 def _format(value: float) -> str:
@@ -235,7 +257,8 @@ class MetricsLogger:
       wandb: keyword arguments of `wandb.init` (e.g. `{"project": "grpo"}`); None: W&B off.
         Ignored with a warning when `wandb` is not installed.
       progress_keys: metrics shown in the progress display (those logged so far).
-      print_every: a plain progress line every this many steps (and at the first and last).
+      print_every: a plain progress line at the first logged step at or past each multiple
+        of this (and for the first record, the first training step and the last step).
       resume_step: the checkpoint step a resumed run restarts from; lines of later steps are
         removed. None: a new run, `run_dir` must not hold metrics yet.
       stream: where progress goes (default `sys.stdout`); a terminal gets a live bar.
@@ -303,19 +326,25 @@ class MetricsLogger:
         self._task: Any = None
         self._stream = stream if stream is not None else sys.stdout
         self._console = console
+        self._tags: dict[str, str] = {}  # TensorBoard tag -> the metric key written under it
+        self._renamed: set[str] = set()  # keys whose tag differs (warned about once)
         if not self._active:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._open_jsonl(resume_step)
-        if tensorboard:
-            from tensorboardX import SummaryWriter  # imported only when used
+        try:  # a sink that cannot start (e.g. wandb.init) closes those already open
+            if tensorboard:
+                from tensorboardX import SummaryWriter  # imported only when used
 
-            purge = None if resume_step is None else resume_step + 1
-            self._writer = SummaryWriter(str(self.run_dir / TENSORBOARD_DIR), purge_step=purge)
-        if wandb is not None:
-            self._wandb_run = _start_wandb(wandb, self.run_dir)
-        if console:
-            self._start_progress(resume_step)
+                purge = None if resume_step is None else resume_step + 1
+                self._writer = SummaryWriter(str(self.run_dir / TENSORBOARD_DIR), purge_step=purge)
+            if wandb is not None:
+                self._wandb_run = _start_wandb(wandb, self.run_dir)
+            if console:
+                self._start_progress(resume_step)
+        except BaseException:
+            self.close()
+            raise
 
     @classmethod
     def from_config(
@@ -446,21 +475,46 @@ class MetricsLogger:
                 raise ValueError(
                     f"MetricsLogger.log: metric key '{key}' is reserved ({', '.join(_RESERVED)})."
                 )
+            _check_value(key, metrics[key])
+        self._last_step = step
         if not self._active:
             return
         host = jax.device_get(dict(metrics))  # one transfer (all copies start before any waits)
-        values = {key: _to_number(key, value) for key, value in host.items()}
+        values = {key: _to_number(value) for key, value in host.items()}
         now = time.time()
         record = {"step": step, "time": now, "elapsed": now - self._start, **values}
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
-        self._last_step = step
         if self._writer is not None:
             for key, value in values.items():
-                self._writer.add_scalar(key, value, step, walltime=now)
+                self._writer.add_scalar(self._tag(key), value, step, walltime=now)
         if self._wandb_run is not None:
             self._wandb_run.log(values, step=step)
         self._show(step, values)
+
+    def _tag(self, key: str) -> str:
+        """The TensorBoard tag of `key`, with a warning the first time it differs from the key
+        or collides with another key's tag."""
+        tag = _tensorboard_tag(key)
+        owner = self._tags.setdefault(tag, key)
+        if owner != key:
+            self._tags[tag] = key
+            warnings.warn(
+                f"MetricsLogger: metrics '{owner}' and '{key}' share the TensorBoard tag '{tag}' "
+                "(its tags allow letters, digits and _ - . / only); metrics.jsonl keeps both "
+                "apart.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        elif tag != key and key not in self._renamed:
+            self._renamed.add(key)
+            warnings.warn(
+                f"MetricsLogger: metric '{key}' is the TensorBoard tag '{tag}' (its tags allow "
+                "letters, digits and _ - . / only).",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        return tag
 
     def _show(self, step: int, values: Mapping[str, int | float]) -> None:
         if not self._console:
@@ -478,9 +532,17 @@ class MetricsLogger:
         if self._live is not None:
             self._progress.update(self._task, completed=step)
             self._live.update(self._live_group(shown), refresh=True)
-        if self._printed_step is None or step % self.print_every == 0 or step == self.total_steps:
+        if self._due(step):
             self._printed_step = step
             self._print_line(step, shown)
+
+    def _due(self, step: int) -> bool:
+        """A plain line for the first record, the first of a step after 0, the first at or
+        past each multiple of `print_every` (whatever `log_every` is), and the last step."""
+        last = self._printed_step
+        if last is None or step == self.total_steps or (last == 0 and step > 0):
+            return True
+        return step // self.print_every > last // self.print_every
 
     def _live_group(self, shown: list[str]) -> Any:
         from rich.console import Group
@@ -504,18 +566,36 @@ class MetricsLogger:
           >>> log = MetricsLogger(tempfile.mkdtemp(), console=False, tensorboard=False)
           >>> log.close(); log.close()
         """
-        if self._live is not None:
-            self._live.stop()
-            self._live = None
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
-        if self._wandb_run is not None:
-            self._wandb_run.finish()
-            self._wandb_run = None
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        live, writer, run, file = self._live, self._writer, self._wandb_run, self._file
+        self._live = self._writer = self._wandb_run = self._file = None
+        try:
+            if live is not None:
+                live.stop()
+        finally:
+            try:
+                if writer is not None:
+                    writer.close()
+            finally:
+                try:
+                    if file is not None:
+                        file.close()
+                finally:
+                    if run is not None:
+                        _finish_wandb(run)
+
+
+def _finish_wandb(run: Any) -> None:
+    """`run.finish()`; an error there (e.g. the network) is a warning: the run's own files are
+    written and closed, and its export and summary still follow."""
+    try:
+        run.finish()
+    except Exception as err:  # any failure of the remote service
+        warnings.warn(
+            f"MetricsLogger: W&B could not finish the run ({type(err).__name__}: {err}); the "
+            "metrics are in metrics.jsonl.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 def _start_wandb(settings: Mapping[str, Any], run_dir: pathlib.Path) -> Any:

@@ -344,6 +344,21 @@ def _evaluation(ctx: RunContext, state: TrainState, step: int) -> dict[str, floa
     return evaluate_state(ctx, state, fold_in(stream_key(ctx.config.seed, EVAL_STREAM), step))
 
 
+def _logged_at(run_dir: Any, step: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The training metrics and the evaluation that `metrics.jsonl` holds for `step` (a
+    finished run that is resumed: its loop runs no step); `({}, {})` on other processes."""
+    train: dict[str, Any] = {}
+    evaluation: dict[str, Any] = {}
+    path = run_dir / METRICS_FILE
+    if not (is_main_process() and path.exists()):
+        return train, evaluation
+    for record in read_metrics(path):
+        if record["step"] == step:
+            values = {k: v for k, v in record.items() if k not in ("step", "time", "elapsed")}
+            (evaluation if any(k.startswith("eval/") for k in values) else train).update(values)
+    return train, evaluation
+
+
 def _plot(run_dir: Any) -> None:
     path = run_dir / METRICS_FILE
     if not path.exists():
@@ -453,14 +468,19 @@ def run_training(prepared: PreparedRun, *, resume_command: str | None = None) ->
     def save(at: int) -> None:
         checkpointer.save(at, state, _meta(config_dict, at, data, examples, skips, before, wall()))
 
-    logger = MetricsLogger.from_config(
-        ctx.run_dir,
-        config.metrics,
-        total_steps=steps,
-        resume_step=start if meta else None,
-        run_config=config_dict,
-    )
     try:
+        logger = MetricsLogger.from_config(
+            ctx.run_dir,
+            config.metrics,
+            total_steps=steps,
+            resume_step=start if meta else None,
+            run_config=config_dict,
+        )
+        # a finished run resumed (e.g. after a crash in its export): no step runs, its last
+        # records stand, and its final evaluation runs only if it was not logged yet
+        finished = bool(meta) and start == steps
+        final, logged_after = _logged_at(ctx.run_dir, start) if finished else ({}, {})
+        evaluated = finished and any_process(bool(logged_after))  # process 0 read the file
         with GracefulStop() as stop, logger:
             if not meta:
                 before = _evaluation(ctx, state, 0)
@@ -521,9 +541,12 @@ def run_training(prepared: PreparedRun, *, resume_command: str | None = None) ->
                     return _summary(
                         ctx, before, after, step, wall(), skips, final, info, signal_name
                     )
-            after = _evaluation(ctx, state, step)
-            if after:
-                logger.log(step, after)
+            if evaluated:
+                after = logged_after
+            else:
+                after = _evaluation(ctx, state, step)
+                if after:
+                    logger.log(step, after)
             save(step)
             checkpointer.wait()
     finally:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import pathlib
+import shutil
 import time
 from typing import Any, NamedTuple
 
@@ -29,7 +30,7 @@ import losses
 from jaxrl_llm.checkpoint import Checkpointer
 from jaxrl_llm.config import ConfigError
 from jaxrl_llm.data import IteratorState
-from jaxrl_llm.metrics_log import METRICS_FILE
+from jaxrl_llm.metrics_log import METRICS_FILE, TENSORBOARD_DIR
 from jaxrl_llm.models import LORA_PATTERN
 from jaxrl_llm.rewards import check_reward_call
 from jaxrl_llm.runner.compilation_cache import enable_compilation_cache
@@ -111,7 +112,8 @@ def _check_run_dir(run_dir: pathlib.Path, resume: bool) -> bool:
         with Checkpointer(directory, save_every=1) as existing:
             latest = existing.latest_step()
             unreadable = existing.unreadable_steps()
-    started = (run_dir / METRICS_FILE).exists()
+    metrics = run_dir / METRICS_FILE  # an empty file: a run that failed before logging
+    started = metrics.exists() and metrics.stat().st_size > 0
     if resume and latest is None:
         if unreadable:
             raise ConfigError(
@@ -319,8 +321,9 @@ def prepare_run(config: RunConfig, *, resume: bool = False) -> PreparedRun:
             "from step 0 (its metrics are replaced)",
             run_dir,
         )
-        if is_main_process():
+        if is_main_process():  # the new run's TensorBoard events must not mix with these
             (run_dir / METRICS_FILE).unlink()
+            shutil.rmtree(run_dir / TENSORBOARD_DIR, ignore_errors=True)
     elif resume:
         try:
             with jax.set_mesh(mesh):

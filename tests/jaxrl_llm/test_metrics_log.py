@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import pathlib
 import re
 import struct
 import sys
 import types
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -247,7 +250,9 @@ def test_bad_input_is_named(tmp_path):
             (1, {"step": 1.0}, "metric key 'step' is reserved"),
             (1, {3: 1.0}, "metric keys must be non-empty str, got 3"),
             (1, {"m": jnp.zeros((2, 2))}, r"metric 'm' must be a scalar, got shape \(2, 2\)"),
-            (1, {"m": "high"}, "metric 'm' must be a number, got <U4"),
+            (1, {"m": "high"}, "metric 'm' must be a real number, got <U4"),
+            (1, {"m": 1 + 2j}, "metric 'm' must be a real number, got complex128"),
+            (1, {"m": None}, "metric 'm' must be a real number, got object"),
         ):
             with pytest.raises(ValueError, match=message):
                 log.log(step, metrics)
@@ -267,10 +272,81 @@ def test_only_the_main_process_writes(tmp_path, monkeypatch):
     monkeypatch.setattr(metrics_log, "is_main_process", lambda: False)
     out = io.StringIO()
     with MetricsLogger(tmp_path / "run", print_every=1, stream=out) as log:
-        log.log(1, {"reward/mean": 1.0})
-        with pytest.raises(ValueError, match="must be an int >= 0"):  # still validated
+        log.log(5, {"reward/mean": jnp.float32(1.0)})
+        # still validated as on process 0 (which raises there), without fetching the values
+        with pytest.raises(ValueError, match="must be an int >= 0"):
             log.log(-1, {})
+        with pytest.raises(ValueError, match="metric 'loss' must be a scalar, got shape"):
+            log.log(5, {"loss": jnp.zeros(2)})
+        with pytest.raises(ValueError, match="`step` 3 is below the last logged step 5"):
+            log.log(3, {"a": 1.0})
     assert not (tmp_path / "run").exists() and out.getvalue() == ""
+
+
+def test_print_lines_follow_print_every_whatever_the_log_interval(tmp_path):
+    """Logged every 3 steps, printed every 10: the first record (the evaluation at step 0),
+    the first training step, then the first logged step at or past each multiple of 10."""
+    out = io.StringIO()
+    with MetricsLogger(
+        tmp_path, total_steps=50, tensorboard=False, print_every=10, stream=out
+    ) as log:
+        log.log(0, {"eval/accuracy": 0.1})
+        for step in [1, *range(3, 50, 3), 50]:
+            log.log(step, {"reward/mean": step / 50})
+    printed = [int(line.split()[1].split("/")[0]) for line in out.getvalue().splitlines()]
+    assert printed == [0, 1, 12, 21, 30, 42, 50]
+
+
+def test_tensorboard_tags_that_tensorboardx_renames_are_warned_once(tmp_path):
+    with MetricsLogger(tmp_path, console=False) as log:
+        with pytest.warns(
+            RuntimeWarning, match="'eval/pass@1' is the TensorBoard tag 'eval/pass_1'"
+        ):
+            log.log(1, {"eval/pass@1": 0.5, "reward/mean": 0.25})
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # not repeated
+            log.log(2, {"eval/pass@1": 0.75})
+        with pytest.warns(RuntimeWarning, match="'eval/pass@1' and 'eval/pass_1' share"):
+            log.log(3, {"eval/pass_1": 1.0})
+    tags = {tag for tag, *_ in _scalar_events(tmp_path)}
+    assert tags == {"eval/pass_1", "reward/mean"}
+    assert [r.get("eval/pass@1") for r in read_metrics(tmp_path)] == [0.5, 0.75, None]
+
+
+def _open_files(path) -> list[str]:
+    """The open file descriptors of this process that point below `path` (Linux)."""
+    fds = pathlib.Path("/proc/self/fd")
+    return [
+        target
+        for fd in fds.iterdir()
+        if (target := os.path.realpath(fd)).startswith(os.path.realpath(path))
+    ]
+
+
+@pytest.mark.skipif(not pathlib.Path("/proc/self/fd").is_dir(), reason="needs /proc")
+def test_a_sink_that_fails_to_start_or_finish_leaves_no_file_open(tmp_path, monkeypatch):
+    def refused(settings, run_dir):
+        raise RuntimeError("wandb.init failed: api_key not configured")
+
+    monkeypatch.setattr(metrics_log, "_start_wandb", refused)
+    with pytest.raises(RuntimeError, match="api_key not configured"):
+        MetricsLogger(tmp_path / "a", console=False, wandb={"project": "x"})
+    assert _open_files(tmp_path / "a") == []  # metrics.jsonl and the TensorBoard events closed
+
+    class Finishing:
+        def log(self, values, step):
+            pass
+
+        def finish(self):
+            raise ConnectionError("network error")
+
+    monkeypatch.setattr(metrics_log, "_start_wandb", lambda settings, run_dir: Finishing())
+    log = MetricsLogger(tmp_path / "b", console=False, wandb={"project": "x"})
+    log.log(1, {"a": 1.0})
+    with pytest.warns(RuntimeWarning, match="W&B could not finish the run .*network error"):
+        log.close()
+    assert _open_files(tmp_path / "b") == []
+    assert read_metrics(tmp_path / "b")[0]["a"] == 1.0
 
 
 def test_wandb_used_only_when_installed(tmp_path, monkeypatch):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import pathlib
 import signal
@@ -11,10 +12,13 @@ import time
 
 import jax
 import numpy as np
+import pytest
 
+from jaxrl_llm import metrics_log
+from jaxrl_llm.checkpoint import Checkpointer
 from jaxrl_llm.cli import main
 from jaxrl_llm.data import IteratorState
-from jaxrl_llm.runner import load_run_config, prepare_run
+from jaxrl_llm.runner import load_run_config, prepare_run, train
 from tests.compile_settings import fast_compile_env
 from tests.runner.helpers import CONFIGS, ROOT, SFT_OPTIM, TINY, records, train_records, tree_equal
 
@@ -53,9 +57,25 @@ def _check_resume_with_other_data(run_dir, caplog):
     assert "walked 32 examples, the data now holds 40" in caplog.text, caplog.text
 
 
+def _check_resume_of_a_finished_run(run_dir):
+    """The same `train.steps` as the finished run (as after a crash in its export): no step
+    runs, the final evaluation is not logged a second time, and the rewritten summary keeps
+    the last step's metrics."""
+    logged = records(run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    (run_dir / "summary.json").unlink()
+    assert main(["train", GRPO, *SIX, "--resume", "--run-dir", str(run_dir)]) == 0
+    assert records(run_dir) == logged
+    again = json.loads((run_dir / "summary.json").read_text())
+    assert again["final_metrics"] == summary["final_metrics"] and again["final_metrics"]
+    for key in ("accuracy_after_rl", "greedy_accuracy_after_rl", "pass_at_k_after_rl", "steps"):
+        assert again[key] == summary[key], key
+
+
 def test_six_steps_equal_three_plus_resume_plus_three(tmp_path, capsys, caplog):
     straight, split = tmp_path / "straight", tmp_path / "split"
     assert main(["train", GRPO, *SIX, "--run-dir", str(straight)]) == 0
+    _check_resume_of_a_finished_run(straight)
     assert main(["train", GRPO, *SIX, "train.steps=3", "--run-dir", str(split)]) == 0
     assert [r["step"] for r in records(split) if "loss/total" in r] == [1, 2, 3]
     _check_resume_with_other_data(split, caplog)
@@ -76,6 +96,44 @@ def test_six_steps_equal_three_plus_resume_plus_three(tmp_path, capsys, caplog):
     err = capsys.readouterr().err
     assert "train.steps: 4 is below the step of the checkpoint to resume (6" in err, err
     assert (split / "summary.json").read_text() == summary
+
+
+def test_a_run_whose_logger_fails_to_start_leaves_its_directory_usable(tmp_path, monkeypatch):
+    """`wandb.init` fails (no API key): the error reaches the caller, the checkpointer and the
+    files opened are closed, and the same command without W&B then starts in that directory
+    (its empty metrics.jsonl holds no run)."""
+    closed = []
+    close = Checkpointer.close
+    monkeypatch.setattr(Checkpointer, "close", lambda self: closed.append(1) or close(self))
+
+    def refused(settings, run_dir):
+        raise RuntimeError("wandb.init failed: api_key not configured")
+
+    monkeypatch.setattr(metrics_log, "_start_wandb", refused)
+    run_dir = tmp_path / "run"
+    sft = str(CONFIGS / "sft.yaml")
+    overrides = [*TINY, *SFT_OPTIM, "train.eval_prompts=0", "export.enabled=false"]
+    config = load_run_config(sft, [*overrides, "metrics.wandb_project=x"], run_dir=run_dir)
+    with pytest.raises(RuntimeError, match="api_key not configured"):
+        train(config)
+    assert closed and (run_dir / "metrics.jsonl").read_text() == ""
+    monkeypatch.undo()
+    assert main(["train", sft, *overrides, "--run-dir", str(run_dir)]) == 0
+    assert [r["step"] for r in records(run_dir)] == [0, 1, 2]
+
+
+def test_a_restart_from_step_0_removes_the_old_tensorboard_events(tmp_path):
+    """`--resume` of a run that stopped before its first checkpoint starts again from step 0:
+    its metrics and its TensorBoard events are replaced, not mixed with the new run's."""
+    run_dir = tmp_path / "run"
+    (run_dir / "tensorboard").mkdir(parents=True)
+    (run_dir / "tensorboard" / "events.out.tfevents.1.old").write_bytes(b"old")
+    (run_dir / "metrics.jsonl").write_text('{"step": 0, "time": 1.0, "elapsed": 0.0}\n')
+    config = load_run_config(str(CONFIGS / "sft.yaml"), [*TINY, *SFT_OPTIM], run_dir=run_dir)
+    prepared = prepare_run(config, resume=True)
+    prepared.checkpointer.close()
+    assert prepared.start_step == 0
+    assert not (run_dir / "tensorboard").exists() and not (run_dir / "metrics.jsonl").exists()
 
 
 def _wait_for(predicate, process, timeout):

@@ -125,8 +125,8 @@ def clip_cov_loss(
 ) -> tuple[Array, dict[str, Array]]:
     """Clip-Cov: PPO's clipped loss with the gradient of a few high-covariance tokens removed.
 
-    With `r = exp(logp − old_logp)` (no clamp by default), advantages `A` and `cov` as in the
-    module docstring:
+    With `r = exp(clip(logp − old_logp, ±log_ratio_clamp))` (±20 by default; None: no clamp, as
+    verl), advantages `A` and `cov` as in the module docstring:
 
         ℓ1 = −A·r ;  ℓ2 = −A·clip(r, 1 − ε_low, 1 + ε_high) ;  clipped = [ℓ2 > ℓ1]
         candidates = m ∧ ¬clipped ∧ (lb < cov < ub) ;  k = max(⌊clip_cov_ratio·Σm⌋, 1)
@@ -249,8 +249,8 @@ def kl_cov_loss(
 ) -> tuple[Array, dict[str, Array]]:
     """KL-Cov: the unclipped surrogate plus a |log-ratio| penalty on the top-covariance tokens.
 
-    With `r = exp(logp − old_logp)` (no clamp by default), `logr = logp − old_logp`, advantages
-    `A` and `cov` as in the module docstring:
+    With `r = exp(clip(logp − old_logp, ±log_ratio_clamp))` (±20 by default; None: no clamp, as
+    verl), `logr = logp − old_logp`, advantages `A` and `cov` as in the module docstring:
 
         k = max(⌊kl_cov_ratio·Σm⌋, 1) ;  selected = the k valid tokens with the largest cov
         ℓ = −A·r + ppo_kl_coef·|logr|·sg(selected)

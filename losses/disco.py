@@ -51,11 +51,13 @@ def _correctness_labels(correct: Any, logp_shape: tuple[int, ...], *, where: str
 def _sequence_scores(
     inputs: PolicyInputs, ratio: Array, score: str, weights: Array
 ) -> tuple[Array, Array]:
-    """`(s[N], has_tokens[N])`: the weighted masked mean over t of `logp` or the ratio."""
+    """`(s[N], has_tokens[N])`: `s_n = Σ_t w·x / Σ_t w` of `logp` or the ratio, `w` the masked
+    token weights; a row whose weights sum to 0 (no valid or no selected token) has no score."""
     per_token = inputs.logp if score == "log_l" else ratio
     total = jnp.sum(weights, axis=1)
-    s = jnp.sum(per_token * weights, axis=1) / jnp.maximum(total, 1.0)
-    return s, jnp.sum(inputs.mask, axis=1) > 0
+    has_tokens = total > 0
+    s = jnp.sum(per_token * weights, axis=1) / jnp.where(has_tokens, total, 1.0)
+    return s, has_tokens
 
 
 def _group_objective(
@@ -113,8 +115,10 @@ def disco_loss(
     Assumptions (reconstructed — verify against the paper): the objective structure and the KL
     estimate follow ALGORITHMS.md §5.12; samples with no valid token are excluded from both sets
     (their score would be an empty mean); the group mean runs over all `B` groups, degenerate
-    groups contributing 0; `token_weights` select the tokens of the score means (the KL estimate
-    keeps every valid token). `l_ratio` uses the clamped token ratio. There is no `agg` (scores are
+    groups contributing 0; `token_weights` weight the tokens of the score means,
+    `s_n = Σ_t w·m·x / Σ_t w·m` (a sample whose weights are all 0, e.g. no token kept by an
+    entropy mask, is excluded like one with no valid token; the KL estimate keeps every valid
+    token). `l_ratio` uses the clamped token ratio. There is no `agg` (scores are
     sequence means) and no `is_weights` (no per-token loss to weight).
 
     Source: "DisCO: Reinforcing Large Reasoning Models with Discriminative Constrained

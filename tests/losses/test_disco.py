@@ -33,10 +33,10 @@ def np_disco(lp, old, correct, mask, *, score, tau, objective, delta, penalty, t
     logr = lp - old
     r = np.exp(np.clip(logr, -20, 20))
     x, dx = (lp, np.ones_like(lp)) if score == "log_l" else (r, r * (np.abs(logr) < 20))
-    den = np.maximum(w.sum(1), 1.0)
+    has = w.sum(1) > 0  # a sample with no valid (or no selected) token has no score
+    den = np.where(has, w.sum(1), 1.0)
     s = (w * x).sum(1) / den
     ds = w * dx / den[:, None]  # ∂s_n/∂lp_nt
-    has = valid.sum(1) > 0
     pos = (np.asarray(correct).reshape(-1) > 0) & has
     neg = ~(np.asarray(correct).reshape(-1) > 0) & has
     j = np.zeros(B)
@@ -110,6 +110,28 @@ def test_matches_reference():
             assert_close(metrics[key], value, rtol=1e-5, atol=1e-6)
         assert float(metrics["policy/informative_group_frac"]) == 0.5
         assert float(metrics["kl/penalty"]) > 0.0  # the constraint is active on this data
+
+
+def test_token_weights_are_a_weighted_mean_and_an_unselected_sample_drops_out():
+    """Weights scaled by 0.3 give the same scores (a weighted mean, not divided by max(Σw, 1));
+    a sample whose weights are all 0 leaves its set as if it had no valid token (not a score
+    of 0, the highest possible log-likelihood), for a negative and for a positive."""
+    rng, lp, old, mask = random_batch(2)
+    tok_w = (rng.uniform(size=(N, T)) > 0.3).astype(np.float32)
+    kw = {"score": "log_l", "penalty": 0.0}  # the KL term keeps every valid token: left out
+    base, _ = disco_loss(lp, old, LABELS, mask, token_weights=tok_w, **kw)
+    scaled, _ = disco_loss(lp, old, LABELS, mask, token_weights=0.3 * tok_w, **kw)
+    assert_close(scaled, base, rtol=1e-6, atol=1e-7)
+    for row in (9, 8):  # group 2: row 9 a negative, row 8 a positive (one of two)
+        assert mask[row].sum() > 0 and tok_w[row].sum() > 0
+        unselected = tok_w.copy()
+        unselected[row] = 0.0
+        removed = mask.copy()
+        removed[row] = 0
+        loss, _ = disco_loss(lp, old, LABELS, mask, token_weights=unselected, **kw)
+        reference, _ = disco_loss(lp, old, LABELS, removed, token_weights=unselected, **kw)
+        assert_close(loss, reference, rtol=1e-6, atol=1e-7)
+        assert abs(float(loss) - float(base)) > 1e-3  # the sample mattered
 
 
 def test_one_negative_per_group_makes_both_objectives_equal():

@@ -116,6 +116,42 @@ def row_uniforms(keys: Array, steps: int) -> Array:
     return jax.vmap(lambda key: jax.vmap(one, in_axes=(None, 0))(key, t))(keys)
 
 
+def _invert_cdf(filtered: Array, top: Array, uniforms: Array) -> Array:
+    """`[N]` int32: per row, the token where the running sum `C` of the weights
+    `exp(filtered − top)` first reaches `u · C_V`, never a token the filters removed (−inf).
+
+    XLA's `cumsum` rounds neighbouring prefix sums differently, so in float32 `C` is not
+    monotone over a large vocabulary: it dips and rises by a few ulps, also across removed
+    tokens, and counting `C_v < u · C_V` can land on one (measured on XLA:CPU at V = 151,936:
+    about 2e-7 of the draws under top-k 50, 2e-6 under min-p 0.05; its log-prob is −inf).
+    When a row of the batch lands on one, the batch is drawn again among the tokens of
+    positive weight only: the first with `C_v >= u · C_V`, or the row's last where rounding
+    leaves none (u close to 1). The check reads one logit per row; the second draw runs only
+    for such a batch (`lax.cond`, whose branch recomputes the weights from `filtered`: passing
+    the `[N, V]` weights into it would make XLA keep them in memory for every draw).
+    """
+
+    def running_sum() -> tuple[Array, Array]:
+        weights = jnp.exp(filtered - top)
+        return weights, jnp.cumsum(weights, axis=-1)
+
+    _, cdf = running_sum()
+    target = uniforms[:, None] * cdf[:, -1:]
+    tokens = jnp.minimum(jnp.sum(cdf < target, axis=-1, dtype=jnp.int32), filtered.shape[-1] - 1)
+    removed = _picked(filtered, tokens) == -jnp.inf
+
+    def among_kept() -> Array:
+        weights, cdf = running_sum()  # the same computation: the same rounding
+        kept = weights > 0
+        hit = kept & (cdf >= target)
+        index = jax.lax.broadcasted_iota(jnp.int32, weights.shape, 1)
+        last_kept = jnp.max(jnp.where(kept, index, 0), axis=-1)
+        first_hit = jnp.argmax(hit, axis=-1).astype(jnp.int32)
+        return jnp.where(removed, jnp.where(jnp.any(hit, axis=-1), first_hit, last_kept), tokens)
+
+    return jax.lax.cond(jnp.any(removed), among_kept, lambda: tokens)
+
+
 def draw_tokens(
     logits: Array,
     uniforms: Array | None,
@@ -128,9 +164,10 @@ def draw_tokens(
     """Sample one token per row from float32 `logits[N, V]` by inverting the row's CDF.
 
     With `q` the filtered, temperature-scaled distribution (`filter_logits`) and `u_n` in (0, 1]
-    the row's uniform, the token is the first `v` with `C_v >= u_n · C_V`, where
+    the row's uniform, the token is the first `v` with `q_v > 0` and `C_v >= u_n · C_V`, where
     `C_v = Σ_{w<=v} exp(z'_w − max z')` (inverse-transform sampling: `P(v) = q_v`; tokens with
-    `q_v = 0` are never chosen). One uniform per row and step replaces the `V` Gumbel draws of
+    `q_v = 0` are never chosen, even where float32 rounding makes the running sum dip or rise
+    across them, `_invert_cdf`). One uniform per row and step replaces the `V` Gumbel draws of
     the Gumbel-max trick. `temperature = 0` takes the argmax of the logits (uniforms unused).
 
     Args:
@@ -158,10 +195,8 @@ def draw_tokens(
     scaled = logits / jnp.float32(temperature)
     filtered = filter_logits(scaled, top_k=top_k, top_p=top_p, min_p=min_p)
     top = jax.lax.stop_gradient(jnp.max(filtered, axis=-1, keepdims=True))
+    tokens = _invert_cdf(filtered, top, uniforms)
     weights = jnp.exp(filtered - top)  # [N, V], 0 on removed tokens
-    cdf = jnp.cumsum(weights, axis=-1)
-    tokens = jnp.sum(cdf < (uniforms * cdf[:, -1])[:, None], axis=-1, dtype=jnp.int32)
-    tokens = jnp.minimum(tokens, logits.shape[-1] - 1)
     # The log-probs use a sum (a tree reduction), not the running sum's last entry, whose
     # float32 rounding error grows with V.
     log_total = jnp.log(jnp.sum(weights, axis=-1))

@@ -97,6 +97,54 @@ def test_inverse_cdf_edges_pick_the_first_and_last_kept_tokens():
     assert int(draw_tokens(z, jnp.array([np.float32(0.26)]), temperature=1.0).tokens[0]) == 2
 
 
+def test_a_running_sum_that_rounds_across_removed_tokens_never_draws_them(monkeypatch):
+    """XLA's float32 cumsum is not monotone over a large vocabulary: a prefix sum may dip below,
+    or rise above, its neighbour's also across tokens of weight 0. Such sums, made here by
+    hand, must not make a removed token (weight 0) the draw: the first kept token at or above
+    the target is drawn, or the last kept token when rounding leaves none there."""
+    z = jnp.log(jnp.array([[0.25, 0.0, 0.25, 0.0, 0.5, 0.0]], jnp.float32))
+    exact = jnp.cumsum
+    # the weights exp(z − max z) = [0.5, 0, 0.5, 0, 1, 0] sum to [0.5, 0.5, 1, 1, 2, 2]; rounded:
+    # a rise at token 1 and a dip at token 2, or a kept token 4 below the removed token 5
+    rise_and_dip = jnp.array([0.0, 1e-4, -1e-4, 0.0, 0.0, -5e-5], jnp.float32)
+    last_below = jnp.array([0.0, 0.0, 0.0, 0.0, -1e-4, 0.0], jnp.float32)
+    cases = [  # (rounding, u, token): the old count of C_v < u·C_V gave 1, 3, 3 and 5
+        (rise_and_dip, 0.25005, 2),
+        (rise_and_dip, 0.49998, 4),
+        (rise_and_dip, 0.49999, 4),
+        (rise_and_dip, 0.1, 0),
+        (rise_and_dip, 1.0, 4),
+        (last_below, 1.0, 4),
+    ]
+    for rounding, u, token in cases:
+        monkeypatch.setattr(jnp, "cumsum", lambda x, axis=None, r=rounding: exact(x, axis) + r)
+        draw = draw_tokens(z, jnp.array([np.float32(u)]), temperature=1.0)
+        assert int(draw.tokens[0]) == token, (u, int(draw.tokens[0]))
+        assert np.isfinite(float(draw.sampling_logprobs[0]))
+
+
+@pytest.mark.parametrize("setting", [dict(top_k=50), dict(min_p=0.05)], ids=str)
+def test_no_removed_token_is_drawn_at_a_real_vocabulary_size(setting):
+    """V = 151,936 (Qwen's): every uniform that lands where XLA's running sum dips or rises
+    across a removed token (found from the same cumsum) still draws a kept token."""
+    vocab, rows = 151_936, 4
+    z = 2.0 * jax.random.normal(jax.random.key(0), (rows, vocab))
+    filtered = np.asarray(jax.jit(lambda z: filter_logits(z, **setting))(z))
+    weights = jnp.exp(filtered - filtered.max(-1, keepdims=True))
+    cdf = np.asarray(jax.jit(lambda w: jnp.cumsum(w, axis=-1))(weights), np.float64)
+    us, row_of = [], []
+    for n in range(rows):  # a uniform inside each interval where the sum is not monotone
+        for c in np.nonzero(np.diff(cdf[n]) < 0)[0][:25]:
+            us.append(np.float32((cdf[n, c] + cdf[n, c + 1]) / 2 / cdf[n, -1]))
+            row_of.append(n)
+    assert us, "no rounding dip found: the premise of this test changed (XLA's cumsum)"
+    draw = jax.jit(lambda z, u: draw_tokens(z, u, temperature=1.0, **setting))
+    for u, n in zip(us, row_of, strict=True):
+        uniforms = jnp.full((rows,), 0.5).at[n].set(u)
+        token = int(draw(z, uniforms).tokens[n])
+        assert np.isfinite(filtered[n, token]), (setting, n, float(u), token)
+
+
 def test_row_uniforms_are_in_unit_interval_and_depend_only_on_row_key_and_step():
     keys = jax.random.split(jax.random.key(0), 4)
     u = np.asarray(row_uniforms(keys, 6))

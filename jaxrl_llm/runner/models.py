@@ -21,6 +21,7 @@ construction.
 
 from __future__ import annotations
 
+import logging
 import pathlib
 from collections.abc import Callable
 from typing import Any
@@ -47,6 +48,8 @@ from sharding import fetch_global, is_main_process
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 ADAPTER_DIR = "adapter"  # the export's LoRA adapters in PEFT's format
+
+log = logging.getLogger(__name__)
 
 
 def compiled_init(factory: Callable[[], nnx.Module]) -> nnx.Module:
@@ -195,6 +198,31 @@ def check_vocabulary(tokenizer: Any, policy: Decoder) -> None:
             f"tokenizer.path: the tokenizer has {tokenizer.vocab_size} token ids, the model's "
             f"vocabulary only {policy.config.vocab_size}."
         )
+
+
+def check_context(prompt_length: int, completion_length: int, policy: Decoder) -> bool:
+    """Warn when a prompt budget `P` plus the completion budget `T` exceeds the model's context
+    (`max_position_embeddings`): the rotary positions run on past it, but a pretrained model
+    was not trained there. Returns whether it fits (as `generate` warns, once per run here).
+
+    Examples:
+      >>> from types import SimpleNamespace
+      >>> policy = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=32))
+      >>> check_context(24, 8, policy), check_context(24, 9, policy)
+      (True, False)
+    """
+    context = policy.config.max_position_embeddings
+    if context is None or prompt_length + completion_length <= context:
+        return True
+    log.warning(
+        "the prompt budget (%d tokens) plus sampling.max_new_tokens (%d) is over the model's "
+        "context of %d positions (max_position_embeddings): positions past it are outside "
+        "what the model was trained on",
+        prompt_length,
+        completion_length,
+        context,
+    )
+    return False
 
 
 def export_policy(

@@ -37,7 +37,13 @@ from jaxrl_llm.runner.compilation_cache import enable_compilation_cache
 from jaxrl_llm.runner.config import RunConfig, check_devices, config_to_dict
 from jaxrl_llm.runner.context import RunContext, iterated_examples
 from jaxrl_llm.runner.health import SkipTracker
-from jaxrl_llm.runner.models import build_critic, build_policy, check_vocabulary, run_tokenizer
+from jaxrl_llm.runner.models import (
+    build_critic,
+    build_policy,
+    check_context,
+    check_vocabulary,
+    run_tokenizer,
+)
 from jaxrl_llm.runner.preference import (
     load_preference_eval_examples,
     load_preference_examples,
@@ -416,6 +422,7 @@ def build_context(
         check_reward_call(function, [*fields, "completion_lengths"])
     policy = build_policy(config)
     check_vocabulary(tokenizer, policy)
+    check_context(task.prompt_length, task.completion_length, policy)
     critic = build_critic(config, policy)
     graphs, params, frozen = _split(config, policy, critic)
     params = place_global(params, param_shardings(params, mesh))

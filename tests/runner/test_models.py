@@ -84,3 +84,22 @@ def test_the_export_holds_the_runs_transformers_tokenizer(tmp_path):
         graphs, params["policy"], frozen["policy"], tmp_path / "b", None, load_tokenizer("byte")
     )
     assert sorted(p.name for p in byte.iterdir()) == ["config.json", "model.safetensors"]
+
+
+def test_a_run_whose_budgets_exceed_the_model_context_warns(tmp_path, caplog):
+    """P + T over `max_position_embeddings`: the run goes on (RoPE continues) with a warning
+    naming both budgets, as `generate` warns."""
+    import logging
+
+    from jaxrl_llm.runner import load_run_config, prepare_run
+    from tests.runner.helpers import CONFIGS, TINY
+
+    overrides = [*TINY, "model.init.max_position_embeddings=6"]
+    config = load_run_config(str(CONFIGS / "grpo.yaml"), overrides, run_dir=tmp_path / "run")
+    with caplog.at_level(logging.WARNING, logger="jaxrl_llm"):
+        prepared = prepare_run(config)
+    prepared.checkpointer.close()
+    task = prepared.context.task
+    assert task.prompt_length + task.completion_length > 6
+    assert "over the model's context of 6 positions" in caplog.text, caplog.text
+    assert f"({task.completion_length})" in caplog.text

@@ -337,7 +337,10 @@ class CriticConfig:
     Attributes:
       kind: "model" (a separate `ValueModel`) or "head" (a `ValueHead` on the policy's hidden
         states; the value loss then also trains the shared backbone).
-      coef: c_V, the weight of the value loss in the total loss.
+      coef: c_V, the weight of the value loss in the total loss. With Adam-type optimizers a
+        separate critic's step does not change with it (only through the joint gradient clip,
+        `optim.max_grad_norm`); with a head it weighs the value gradient in the shared backbone
+        (docs/training.md, "Critic").
       clip: value clip range (None: unclipped ½ MSE).
       agg: aggregation mode of the value loss.
 
@@ -875,8 +878,9 @@ PRESETS: dict[str, AlgorithmConfig] = {
         policy_loss=PolicyLossConfig(agg="token_mean"),
         kl=KLConfig(mode="loss", coef=0.001, estimator="k2"),
     ),
-    # PPO (RLHF, TRL defaults): k1 KL in the reward β 0.05, GAE λ 0.95, whitened advantages,
-    # separate critic with clipped value loss (c_V 0.1, clip 0.2), 4 epochs per batch
+    # PPO (RLHF, TRL's defaults but the score on the last valid token, not the first padding
+    # slot): k1 KL in the reward β 0.05, GAE λ 0.95, whitened advantages, separate critic with
+    # clipped value loss (c_V 0.1, clip 0.2), 4 epochs per batch
     "ppo": _preset(
         "ppo",
         advantage=AdvantageConfig(estimator="gae", gamma=1.0, lam=0.95, whiten=True),

@@ -68,6 +68,7 @@ from jaxrl_llm.runner.loop import run_training, train
 from jaxrl_llm.runner.models import (
     build_critic,
     build_policy,
+    check_context,
     check_vocabulary,
     compiled_init,
     export_policy,
@@ -171,6 +172,7 @@ __all__ = [
     "build_critic",
     "build_policy",
     "build_run_config",
+    "check_context",
     "check_devices",
     "check_vocabulary",
     "chunk_ends",

@@ -469,6 +469,11 @@ def run_training(prepared: PreparedRun, *, resume_command: str | None = None) ->
         checkpointer.save(at, state, _meta(config_dict, at, data, examples, skips, before, wall()))
 
     try:
+        # a finished run resumed (e.g. after a crash in its export): no step runs, its last
+        # records stand, and its final evaluation runs only if it was not logged yet
+        finished = bool(meta) and start == steps
+        final, logged_after = _logged_at(ctx.run_dir, start) if finished else ({}, {})
+        evaluated = finished and any_process(bool(logged_after))  # process 0 read the file
         logger = MetricsLogger.from_config(
             ctx.run_dir,
             config.metrics,
@@ -476,11 +481,6 @@ def run_training(prepared: PreparedRun, *, resume_command: str | None = None) ->
             resume_step=start if meta else None,
             run_config=config_dict,
         )
-        # a finished run resumed (e.g. after a crash in its export): no step runs, its last
-        # records stand, and its final evaluation runs only if it was not logged yet
-        finished = bool(meta) and start == steps
-        final, logged_after = _logged_at(ctx.run_dir, start) if finished else ({}, {})
-        evaluated = finished and any_process(bool(logged_after))  # process 0 read the file
         with GracefulStop() as stop, logger:
             if not meta:
                 before = _evaluation(ctx, state, 0)

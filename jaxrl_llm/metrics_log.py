@@ -30,7 +30,9 @@ reads them back; nothing is dropped or replaced).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import io
 import json
 import os
@@ -236,10 +238,6 @@ def _to_number(value: Any) -> int | float:
 
 
 _TAG_CHARACTERS = re.compile(r"[^-/\w.]")  # what tensorboardX replaces by "_" in a tag
-
-
-def _tensorboard_tag(key: str) -> str:
-    return _TAG_CHARACTERS.sub("_", key)
 
 
 def _format(value: float) -> str:
@@ -495,7 +493,7 @@ class MetricsLogger:
     def _tag(self, key: str) -> str:
         """The TensorBoard tag of `key`, with a warning the first time it differs from the key
         or collides with another key's tag."""
-        tag = _tensorboard_tag(key)
+        tag = _TAG_CHARACTERS.sub("_", key)
         owner = self._tags.setdefault(tag, key)
         if owner != key:
             self._tags[tag] = key
@@ -568,20 +566,15 @@ class MetricsLogger:
         """
         live, writer, run, file = self._live, self._writer, self._wandb_run, self._file
         self._live = self._writer = self._wandb_run = self._file = None
-        try:
-            if live is not None:
-                live.stop()
-        finally:
-            try:
-                if writer is not None:
-                    writer.close()
-            finally:
-                try:
-                    if file is not None:
-                        file.close()
-                finally:
-                    if run is not None:
-                        _finish_wandb(run)
+        with contextlib.ExitStack() as closing:  # every sink closes, whatever another raises
+            for close in (
+                None if run is None else functools.partial(_finish_wandb, run),
+                None if file is None else file.close,
+                None if writer is None else writer.close,
+                None if live is None else live.stop,  # first: callbacks run last-in, first-out
+            ):
+                if close is not None:
+                    closing.callback(close)
 
 
 def _finish_wandb(run: Any) -> None:

@@ -48,6 +48,7 @@ import numpy as np
 
 from jaxrl_llm.data import IteratorState, next_batch
 from jaxrl_llm.metrics_log import (
+    _RESERVED,
     DEFAULT_PLOT_KEYS,
     METRICS_FILE,
     MetricsLogger,
@@ -354,7 +355,7 @@ def _logged_at(run_dir: Any, step: int) -> tuple[dict[str, Any], dict[str, Any]]
         return train, evaluation
     for record in read_metrics(path):
         if record["step"] == step:
-            values = {k: v for k, v in record.items() if k not in ("step", "time", "elapsed")}
+            values = {k: v for k, v in record.items() if k not in _RESERVED}
             (evaluation if any(k.startswith("eval/") for k in values) else train).update(values)
     return train, evaluation
 

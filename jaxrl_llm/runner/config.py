@@ -682,6 +682,11 @@ def _validate_model(cfg: RunConfig) -> None:
             "model.critic_checkpoint: only a separate critic (algorithm.critic.kind: model) "
             "is loaded from a checkpoint."
         )
+    if cfg.optim.critic_learning_rate is not None and critic is None:
+        raise ConfigError(
+            "optim.critic_learning_rate: is the PPO critic's learning rate, and this run has "
+            "no critic (algorithm.critic); unset it."
+        )
     if cfg.model.critic_lora is not None and not separate:
         raise ConfigError(
             "model.critic_lora: only a separate critic (algorithm.critic.kind: model) takes "

@@ -81,6 +81,7 @@ from jaxrl_llm.train.objectives import Objective, SFTConfig, rl_objective, sft_o
 from jaxrl_llm.train.optim import (
     OPTIMIZERS,
     OptimConfig,
+    clip_each_subtree,
     has_learning_rate,
     learning_rate,
     make_optimizer,
@@ -186,6 +187,7 @@ __all__ = [
     "check_sequence_batch",
     "check_shared_prompts",
     "chunked_logprobs",
+    "clip_each_subtree",
     "completion_hidden",
     "completion_logprobs",
     "completion_row_count",

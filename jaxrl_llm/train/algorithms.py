@@ -340,7 +340,8 @@ class CriticConfig:
       coef: c_V, the weight of the value loss in the total loss. With Adam-type optimizers a
         separate critic's step does not change with it (only through the joint gradient clip,
         `optim.max_grad_norm`); with a head it weighs the value gradient in the shared backbone
-        (docs/training.md, "Critic").
+        (docs/training.md, "Critic"). `optim.critic_learning_rate` sets the critic's own rate
+        and clip.
       clip: value clip range (None: unclipped ½ MSE).
       agg: aggregation mode of the value loss.
 

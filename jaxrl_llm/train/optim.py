@@ -7,6 +7,18 @@ The optimizer is built from optax pieces only (STYLE.md §3.11):
         chain(clip_by_global_norm(max_grad_norm),              if max_grad_norm is set
               <optax alias>(learning_rate=schedule, ..., weight_decay, mask=decay_mask))))
 
+A PPO critic (the `value` subtree of the trainable parameters) shares this step by default:
+one global-norm clip over policy and critic, one learning rate (TRL's single-optimizer form).
+With `critic_learning_rate` set it is stepped as by an optimizer of its own (verl's and
+OpenRLHF's form) while the state keeps the layout above: each top-level subtree (`policy`,
+`value`) is clipped to `max_grad_norm` by its own global norm, and the alias's updates of the
+`value` subtree are scaled by `critic_learning_rate / learning_rate`. Every optax alias applies
+its learning rate as the last factor of its update (Adam's `−lr·m̂/(√v̂ + ε)`, decoupled weight
+decay `−lr·λ·θ` included), and its moments are per parameter, so the critic's update is
+exactly that of the same optimizer with peak rate `critic_learning_rate` on the same schedule
+(warmup and decay shape shared). The optimizer state has the same structure either way, so a
+checkpoint resumes with or without the setting.
+
 `name` is any optax alias in `OPTIMIZERS` (`adamw`, `lion`, `adafactor`, `sgd`, ...). Weight
 decay is the optimizer's own decoupled decay (AdamW-style), applied only where
 `weight_decay_mask` is True: parameters whose dotted path matches none of
@@ -30,9 +42,10 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 import jax
+import jax.numpy as jnp
 import optax
 
-from jaxrl_llm.train.params import param_path
+from jaxrl_llm.train.params import VALUE, param_path
 
 OptimizerName = Literal[
     "adamw",
@@ -75,6 +88,9 @@ class OptimConfig:
       weight_decay_exclude: regexes (`re.search`) on dotted parameter paths such as
         `policy.layers.attn.q_bias`; matching parameters get no decay.
       accumulation_steps: micro-batches per optimizer update (`optax.MultiSteps`, gradient mean).
+      critic_learning_rate: the PPO critic's peak learning rate (None: the critic shares the
+        policy's step and clip). Set, the `value` subtree is clipped by its own norm and stepped
+        at this rate on the same schedule (see the module docstring); needs a critic.
       b1, b2, eps, momentum, nesterov: passed to the alias when set (None: optax's default);
         an option the chosen alias does not take is an error.
 
@@ -98,6 +114,7 @@ class OptimConfig:
     weight_decay: float = 0.0
     weight_decay_exclude: tuple[str, ...] = ("norm", "bias")
     accumulation_steps: int = 1
+    critic_learning_rate: float | None = None
     b1: float | None = None
     b2: float | None = None
     eps: float | None = None
@@ -130,6 +147,11 @@ def _validate(cfg: OptimConfig) -> None:
         )
     if not cfg.learning_rate > 0:
         raise ValueError(f"{where}: `learning_rate` must be > 0, got {cfg.learning_rate!r}.")
+    if cfg.critic_learning_rate is not None and not cfg.critic_learning_rate > 0:
+        raise ValueError(
+            f"{where}: `critic_learning_rate` must be > 0 or null, got "
+            f"{cfg.critic_learning_rate!r}."
+        )
     for key in ("warmup_steps",):
         if getattr(cfg, key) < 0:
             raise ValueError(f"{where}: `{key}` must be >= 0, got {getattr(cfg, key)!r}.")
@@ -285,11 +307,19 @@ def make_optimizer(config: OptimConfig) -> optax.GradientTransformation:
       ([-0.1, 0.1], 0.1)
     """
 
+    separate = config.critic_learning_rate is not None
+
     def chain(learning_rate: Any) -> optax.GradientTransformation:
         parts = []
         if config.max_grad_norm is not None:
-            parts.append(optax.clip_by_global_norm(config.max_grad_norm))
-        parts.append(_alias(config, learning_rate))
+            clip = clip_each_subtree if separate else optax.clip_by_global_norm
+            parts.append(clip(config.max_grad_norm))
+        alias = _alias(config, learning_rate)
+        if separate:
+            assert config.critic_learning_rate is not None
+            ratio = config.critic_learning_rate / config.learning_rate
+            alias = _scale_critic(alias, ratio)
+        parts.append(alias)
         return optax.chain(*parts)
 
     tx = optax.inject_hyperparams(chain)(learning_rate=make_schedule(config))
@@ -298,6 +328,71 @@ def make_optimizer(config: OptimConfig) -> optax.GradientTransformation:
             tx, every_k_schedule=config.accumulation_steps
         ).gradient_transformation()
     return tx
+
+
+def clip_each_subtree(max_norm: float) -> optax.GradientTransformation:
+    """`optax.clip_by_global_norm` applied to each top-level entry of the updates on its own.
+
+    Each subtree `g_k` (the `policy` and the `value` parameters of a `TrainState`) becomes
+    `g_k · min(1, max_norm / ‖g_k‖)`, so a large critic gradient no longer shrinks the policy's
+    step. Its state is optax's `EmptyState`, as `clip_by_global_norm`'s, so the two are
+    interchangeable in a chain without changing the optimizer state's structure.
+
+    Args:
+      max_norm: the largest global norm of each subtree (> 0).
+
+    Returns:
+      An `optax.GradientTransformation` over a mapping of subtrees.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> tx = clip_each_subtree(1.0)
+      >>> g = {"policy": jnp.array([0.3, 0.4]), "value": jnp.array([3.0, 4.0])}
+      >>> out, _ = tx.update(g, tx.init(g))
+      >>> out["policy"].tolist(), [round(x, 6) for x in out["value"].tolist()]
+      ([0.30000001192092896, 0.4000000059604645], [0.6, 0.8])
+    """
+    if not max_norm > 0:
+        raise ValueError(f"clip_each_subtree: `max_norm` must be > 0, got {max_norm!r}.")
+    clip = optax.clip_by_global_norm(max_norm)
+
+    def update(updates: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
+        del params
+        if not isinstance(updates, dict):
+            raise ValueError(
+                "clip_each_subtree: the updates must be a dict of subtrees (e.g. "
+                f"{{'policy': ..., 'value': ...}}), got {type(updates).__name__}."
+            )
+        return {key: clip.update(sub, clip.init(sub))[0] for key, sub in updates.items()}, state
+
+    return optax.GradientTransformation(optax.init_empty_state, update)
+
+
+def _scale_critic(
+    inner: optax.GradientTransformation, ratio: float
+) -> optax.GradientTransformation:
+    """`inner` with the updates of the `value` subtree multiplied by `ratio` (same state)."""
+
+    def check(tree: Any) -> None:
+        if not isinstance(tree, dict) or not jax.tree.leaves(tree.get(VALUE, {})):
+            raise ValueError(
+                "OptimConfig.critic_learning_rate: the trainable parameters hold no critic (a "
+                f"non-empty '{VALUE}' subtree, as a PPO TrainState has); unset it for a run "
+                "without a critic."
+            )
+
+    def init(params: Any) -> Any:
+        if isinstance(params, dict):  # not optax.tree.map_params's placeholder
+            check(params)
+        return inner.init(params)
+
+    def update(updates: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
+        check(updates)
+        updates, state = inner.update(updates, state, params)
+        scaled = jax.tree.map(lambda u: u * jnp.asarray(ratio, u.dtype), updates[VALUE])
+        return {**updates, VALUE: scaled}, state
+
+    return optax.GradientTransformation(init, update)
 
 
 def learning_rate(opt_state: Any) -> jax.Array:

@@ -55,6 +55,7 @@ from jaxrl_llm.train.metrics import MicroStats, micro_batch_stats, reduce_stats
 from jaxrl_llm.train.objectives import Objective
 from jaxrl_llm.train.state import TrainState
 from jaxrl_llm.train.update import (
+    _grad_norm_metrics,
     _nonfinite_flags,
     finish_update,
     jit_state_step,
@@ -153,12 +154,14 @@ def apply_group_gradients(
     """
     _, next_key = jax.random.split(state.key)  # as update_step: its shuffling key is unused
     total = jax.tree.map(lambda *g: functools.reduce(jnp.add, g), *grads)
-    grad_norm = optax.tree.norm(total)
+    grad_norms = _grad_norm_metrics(total)
+    grad_norm = grad_norms["optim/grad_norm"]
     updates, opt_state = optimizer.update(total, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     stacked = jax.tree.map(lambda *x: jnp.stack(x), *stats)
-    stacked.sums["optim/grad_norm"] = grad_norm[None]
-    stacked.counts["optim/grad_norm"] = jnp.ones((1,), jnp.float32)
+    for key, norm in grad_norms.items():
+        stacked.sums[key] = norm[None]
+        stacked.counts[key] = jnp.ones((1,), jnp.float32)
     if skip_nonfinite:  # the flag of the summed gradient, as one whole-batch gradient has it
         stacked.maxes["nonfinite/grad_norm"] = (~jnp.isfinite(grad_norm))[None].astype(jnp.float32)
     return finish_update(

@@ -84,6 +84,7 @@ from jaxrl_llm.train.group_packing import SEQUENCE_LEAVES, PackedGroups
 from jaxrl_llm.train.metrics import MicroStats, micro_batch_stats, reduce_stats
 from jaxrl_llm.train.objectives import Objective
 from jaxrl_llm.train.optim import has_learning_rate, learning_rate
+from jaxrl_llm.train.params import POLICY, VALUE
 from jaxrl_llm.train.shardings import batch_sharding
 from jaxrl_llm.train.state import TrainState
 from sharding.constraints import out_sharding
@@ -242,21 +243,39 @@ def _update_norms(counts: Normalizers, minibatches: int, k: int, devices: int = 
     )
 
 
-def _applied_grad_norm(grads: Any, opt_state: Any, k: int) -> tuple[jax.Array, jax.Array]:
-    """Norm of the gradient the optimizer applies at this micro-step, and whether it applies one.
+def _grad_norm_metrics(grads: Any) -> dict[str, jax.Array]:
+    """`optim/grad_norm` (the global norm of `grads`) and, when `grads` holds a critic (a
+    non-empty `value` subtree of the `{"policy", "value"}` dict), `optim/policy_grad_norm` and
+    `optim/value_grad_norm`, the norms each `optim.critic_learning_rate` clip sees.
+
+    Examples:
+      >>> g = {"policy": {"w": jnp.array([3.0])}, "value": {"v": jnp.array([4.0])}}
+      >>> {k: float(v) for k, v in _grad_norm_metrics(g).items()}
+      {'optim/grad_norm': 5.0, 'optim/policy_grad_norm': 3.0, 'optim/value_grad_norm': 4.0}
+    """
+    metrics = {"optim/grad_norm": optax.tree.norm(grads)}
+    if isinstance(grads, dict) and jax.tree.leaves(grads.get(VALUE, {})):
+        metrics["optim/policy_grad_norm"] = optax.tree.norm(grads[POLICY])
+        metrics["optim/value_grad_norm"] = optax.tree.norm(grads[VALUE])
+    return metrics
+
+
+def _applied_grad_norms(grads: Any, opt_state: Any, k: int) -> tuple[dict, jax.Array]:
+    """The `_grad_norm_metrics` of the gradient the optimizer applies at this micro-step, and
+    whether it applies one.
 
     With `optax.MultiSteps` the applied gradient is the running mean of the `k` micro-batch
     gradients, completed at the `k`-th (its documented `acc_grads` / `mini_step` state).
     """
     if k == 1:
-        return optax.tree.norm(grads), jnp.ones((), jnp.float32)
+        return _grad_norm_metrics(grads), jnp.ones((), jnp.float32)
     i = opt_state.mini_step
     mean = jax.tree.map(
         lambda g, acc: acc + (g.astype(acc.dtype) - acc) / (i + 1).astype(acc.dtype),
         grads,
         opt_state.acc_grads,
     )
-    return optax.tree.norm(mean), (i == k - 1).astype(jnp.float32)
+    return _grad_norm_metrics(mean), (i == k - 1).astype(jnp.float32)
 
 
 def _take_rows(x: jax.Array, rows: jax.Array) -> jax.Array:
@@ -422,11 +441,11 @@ def update_step(
         params, opt_state = carry
         micro, norms, local = xs
         grads, loss, metrics = grads_of(params, frozen, micro, norms, kl_coef)
-        grad_norm, applied = _applied_grad_norm(grads, opt_state, k)
+        grad_norms, applied = _applied_grad_norms(grads, opt_state, k)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         flags = _nonfinite_flags(loss, metrics, optax.tree.norm(grads)) if skip_nonfinite else {}
-        metrics = {**metrics, "optim/grad_norm": grad_norm}
+        metrics = {**metrics, **grad_norms}
         stats = micro_batch_stats(
             metrics,
             num_tokens=local.num_tokens,

@@ -75,6 +75,11 @@ def nothing_built(monkeypatch):
         # wrong types and values
         ("train.eval_pass_k=3", "train.eval_pass_k: expected a list, got int."),
         ("optim.name=adamm", "optim.name: must be one of 'adamw', 'adam', 'lion', 'sgd'"),
+        (
+            "optim.critic_learning_rate=1e-5",
+            "optim.critic_learning_rate: is the PPO critic's learning rate, and this run has no "
+            "critic (algorithm.critic); unset it.",
+        ),
         ("checkpoint.evry=3", "checkpoint: unknown key 'evry' (did you mean 'every'?)"),
         ("sampling.row_groups=0", "SamplingConfig: `row_groups` must be an int >= 1, got 0."),
         (

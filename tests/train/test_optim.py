@@ -228,6 +228,7 @@ def test_the_optimizer_state_is_placed_like_the_parameters_it_mirrors(name):
             "`final_lr_ratio` must lie in [0, 1]",
         ),
         ({"weight_decay_exclude": ("(",)}, "is not a valid regex"),
+        ({"critic_learning_rate": 0.0}, "`critic_learning_rate` must be > 0 or null"),
     ],
 )
 def test_bad_configs_name_the_field(kwargs, message):
@@ -253,3 +254,108 @@ def test_every_config_file_has_a_loadable_optim_section():
             make_optimizer(cfg)
             loaded += 1
     assert loaded >= 11
+
+
+def _ppo_tree(policy, value):
+    return {"policy": {"w": jnp.asarray(policy, jnp.float32)}, "value": {"v": jnp.asarray(value)}}
+
+
+CRITIC_CASES = [
+    OptimConfig(
+        name="adamw",
+        learning_rate=1e-2,
+        critic_learning_rate=5e-2,
+        weight_decay=0.1,
+        schedule="cosine",
+        warmup_steps=2,
+        total_steps=6,
+        final_lr_ratio=0.1,
+        max_grad_norm=1.0,
+    ),
+    OptimConfig(name="sgd", learning_rate=0.1, critic_learning_rate=0.02, momentum=0.9),
+    OptimConfig(name="lion", learning_rate=1e-3, critic_learning_rate=3e-3, weight_decay=0.5),
+    OptimConfig(name="adamw", learning_rate=1e-2, critic_learning_rate=2e-2, accumulation_steps=2),
+]
+
+
+@pytest.mark.parametrize("cfg", CRITIC_CASES, ids=lambda c: f"{c.name}-k{c.accumulation_steps}")
+def test_a_critic_learning_rate_steps_each_subtree_as_its_own_optimizer(cfg):
+    """Policy and critic under one optimizer with `critic_learning_rate` = two optimizers: the
+    policy's config on the policy alone, and the same config at the critic's rate on the critic
+    alone (each clipped by its own norm). The critic's gradient is 40× the policy's, so a joint
+    clip would shrink the policy's step; here the policy's updates do not see it."""
+    import dataclasses
+
+    policy_only = dataclasses.replace(cfg, critic_learning_rate=None)
+    critic_only = dataclasses.replace(
+        cfg, critic_learning_rate=None, learning_rate=cfg.critic_learning_rate
+    )
+    joint, alone_p, alone_v = (make_optimizer(c) for c in (cfg, policy_only, critic_only))
+    params = _ppo_tree([0.5, -1.0, 2.0], [1.0, -3.0])
+    p, v = params["policy"], params["value"]
+    state, state_p, state_v = joint.init(params), alone_p.init(p), alone_v.init(v)
+    rng = np.random.default_rng(0)
+    for _ in range(6):
+        grads = _ppo_tree(rng.normal(size=3), 40.0 * rng.normal(size=2))
+        updates, state = joint.update(grads, state, params)
+        params = optax.apply_updates(params, updates)
+        up, state_p = alone_p.update(grads["policy"], state_p, p)
+        uv, state_v = alone_v.update(grads["value"], state_v, v)
+        p, v = optax.apply_updates(p, up), optax.apply_updates(v, uv)
+        np.testing.assert_allclose(params["policy"]["w"], p["w"], rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(params["value"]["v"], v["v"], rtol=1e-6, atol=1e-7)
+    moved = np.abs(np.asarray(params["value"]["v"]) - np.array([1.0, -3.0]))
+    assert moved.min() > 1e-4  # the critic trained
+    # the scheduled (policy's) rate is what learning_rate(state) reports
+    assert float(learning_rate(state)) == pytest.approx(float(learning_rate(state_p)))
+
+
+def test_without_a_critic_learning_rate_one_clip_covers_policy_and_critic():
+    """The default (TRL's form): the joint norm clips both, so a large critic gradient shrinks
+    the policy's SGD step; with `critic_learning_rate` set the policy's step is untouched."""
+    grads = _ppo_tree([0.3, 0.4, 0.0], [30.0, 40.0])
+    params = _ppo_tree([0.0, 0.0, 0.0], [0.0, 0.0])
+    shared = make_optimizer(OptimConfig(name="sgd", learning_rate=1.0, max_grad_norm=1.0))
+    own = make_optimizer(
+        OptimConfig(name="sgd", learning_rate=1.0, critic_learning_rate=1.0, max_grad_norm=1.0)
+    )
+    u_shared, _ = shared.update(grads, shared.init(params), params)
+    u_own, _ = own.update(grads, own.init(params), params)
+    norm = math.hypot(0.3, 0.4, 30.0, 40.0)
+    np.testing.assert_allclose(u_shared["policy"]["w"], [-0.3 / norm, -0.4 / norm, 0.0], rtol=1e-6)
+    np.testing.assert_allclose(u_own["policy"]["w"], [-0.3, -0.4, 0.0], rtol=1e-6)
+    np.testing.assert_allclose(u_own["value"]["v"], [-0.6, -0.8], rtol=1e-6)
+
+
+def test_a_critic_learning_rate_keeps_the_optimizer_state_layout():
+    """The state has the same tree with and without the setting, so checkpoints of a PPO run
+    resume under either."""
+    params = _ppo_tree([1.0, 2.0, 3.0], [4.0, 5.0])
+    for base in (OptimConfig(weight_decay=0.1), OptimConfig(accumulation_steps=3)):
+        with_critic = OptimConfig(**{**vars(base), "critic_learning_rate": 1e-4})
+        plain = jax.tree.structure(make_optimizer(base).init(params))
+        assert jax.tree.structure(make_optimizer(with_critic).init(params)) == plain
+
+
+def test_a_critic_learning_rate_state_is_placed_as_without_it():
+    """`train_state_shardings` walks the optimizer state with optax's `map_params`, which calls
+    `init` on a placeholder instead of the parameters (the run's first resume of a PPO run with
+    the setting once failed there)."""
+    params, frozen = split_models(tiny_policy(), tiny_critic("model"))[1:]
+    mesh = make_mesh(MeshConfig(), devices=jax.devices()[:1])
+    specs = []
+    for critic_lr in (None, 1e-3):
+        tx = make_optimizer(OptimConfig(critic_learning_rate=critic_lr))
+        state = init_train_state(params, frozen, tx, key=jax.random.key(0))
+        shardings = train_state_shardings(state, mesh, tx)
+        place_global(state, shardings)
+        specs.append([s.spec for s in jax.tree.leaves(shardings.opt_state)])
+    assert specs[0] == specs[1]
+
+
+def test_a_critic_learning_rate_needs_a_critic_in_the_parameters():
+    tx = make_optimizer(OptimConfig(critic_learning_rate=1e-4))
+    with pytest.raises(ValueError, match="hold no critic"):
+        tx.init({"policy": {"w": jnp.ones(2)}})
+    with pytest.raises(ValueError, match="hold no critic"):
+        tx.init({"w": jnp.ones(2)})

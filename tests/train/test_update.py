@@ -109,6 +109,7 @@ def _expected_keys(alg: AlgorithmConfig) -> set[str]:
         keys |= {"loss/kl", "kl/mean", "kl/max"}
     if alg.critic is not None:
         keys |= {"loss/value", "value/clip_frac", "value/mean"}
+        keys |= {"optim/policy_grad_norm", "optim/value_grad_norm"}
     return keys
 
 
@@ -190,6 +191,39 @@ def test_accumulation_equals_the_full_batch_on_the_adaptive_kl_value_head_varian
     assert set(acc) == set(full)
     for key, value in full.items():
         np.testing.assert_allclose(float(acc[key]), float(value), rtol=1e-4, atol=1e-6, err_msg=key)
+
+
+def test_a_critic_learning_rate_moves_the_critic_at_its_own_rate(compiled):
+    """PPO with a separate `ValueModel`, one update: Adam's first step is lr·m̂/(√v̂ + ε) ≈
+    lr·sign(g) per parameter, so with `critic_learning_rate` = 10× the policy's rate the critic
+    moves 10× as far as without it, and the policy exactly as far. The step reports the norms
+    of both parts of the gradient."""
+    alg = dataclasses.replace(preset("ppo"), epochs=1)
+    moved = []
+    for critic_lr in (None, 1e-2):
+        optim = OptimConfig(
+            name="adamw", learning_rate=1e-3, critic_learning_rate=critic_lr, max_grad_norm=None
+        )
+        tx = make_optimizer(optim)
+        graphs, state = fresh_state(alg, tx)
+        start = _copy(state.params)
+        seqs = sequences(jax.random.key(3), N, P, T)
+        ref = reference_params(state.params)
+        batch = prepare(alg, state, seqs, ref, compiled.logprob_fn(), compiled.value_fn("model"))
+        step = make_update_step(rl_objective(alg, graphs), tx, kl_controller=kl_controller(alg.kl))
+        state, metrics = step(state, batch)
+        whole, parts = float(metrics["optim/grad_norm"]), [
+            float(metrics[f"optim/{k}_grad_norm"]) for k in ("policy", "value")
+        ]
+        np.testing.assert_allclose(whole, np.hypot(*parts), rtol=1e-5)
+        assert min(parts) > 0
+        moved.append(jax.tree.map(lambda a, b: np.asarray(a) - b, state.params, start))
+    (plain, fast) = moved
+    assert tree_max_abs_diff(plain["policy"], fast["policy"]) == 0.0
+    value_plain = np.concatenate([x.ravel() for x in jax.tree.leaves(plain["value"])])
+    value_fast = np.concatenate([x.ravel() for x in jax.tree.leaves(fast["value"])])
+    assert np.abs(value_plain).max() > 5e-4
+    np.testing.assert_allclose(value_fast, 10.0 * value_plain, rtol=1e-4, atol=1e-9)
 
 
 def test_minibatches_are_sequential_updates_on_strided_rows(compiled):

@@ -212,9 +212,10 @@ def test_a_critic_learning_rate_moves_the_critic_at_its_own_rate(compiled):
         batch = prepare(alg, state, seqs, ref, compiled.logprob_fn(), compiled.value_fn("model"))
         step = make_update_step(rl_objective(alg, graphs), tx, kl_controller=kl_controller(alg.kl))
         state, metrics = step(state, batch)
-        whole, parts = float(metrics["optim/grad_norm"]), [
-            float(metrics[f"optim/{k}_grad_norm"]) for k in ("policy", "value")
-        ]
+        whole, parts = (
+            float(metrics["optim/grad_norm"]),
+            [float(metrics[f"optim/{k}_grad_norm"]) for k in ("policy", "value")],
+        )
         np.testing.assert_allclose(whole, np.hypot(*parts), rtol=1e-5)
         assert min(parts) > 0
         moved.append(jax.tree.map(lambda a, b: np.asarray(a) - b, state.params, start))

@@ -135,9 +135,10 @@ def build(cls: type[T], data: Any, *, path: str = "") -> T:
             raise ConfigError(f"{path or cls.__name__}: missing required key(s) {keys}.") from None
         raise ConfigError(f"{path or cls.__name__}: {err}") from None
     except ValueError as err:  # the dataclass's own checks: name the key path they came from
-        if not path or str(err).startswith(path):
+        if isinstance(err, ConfigError):
             raise
-        raise ConfigError(f"{path}: {err}") from None
+        named = not path or str(err).startswith(path)
+        raise ConfigError(str(err) if named else f"{path}: {err}") from None
 
 
 def _convert(annotation: Any, value: Any, path: str) -> Any:

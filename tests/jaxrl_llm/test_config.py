@@ -64,6 +64,14 @@ def test_bad_values_fail_with_the_key_path(data, message):
     assert message in str(info.value)
 
 
+def test_the_top_level_dataclass_check_is_a_config_error_too():
+    """The root's own `__post_init__` check: a ConfigError with its message as it is (it was a
+    plain ValueError, unlike the nested ones)."""
+    with pytest.raises(ConfigError) as info:
+        build(Inner, {"size": 1, "scale": -1})
+    assert str(info.value) == "Inner: `scale` must be >= 0, got -1.0."
+
+
 def test_load_yaml_errors(tmp_path):
     with pytest.raises(ConfigError, match="config file not found"):
         load_yaml(tmp_path / "missing.yaml")

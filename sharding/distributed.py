@@ -32,6 +32,7 @@ import itertools
 import logging
 import math
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, NamedTuple
 
@@ -134,7 +135,8 @@ def initialize_distributed(
       num_processes: number of processes in the job.
       process_id: this process's index in `0 .. num_processes - 1`.
       local_device_ids: restrict this process to these local devices (GPU jobs with one
-        process per device); default all.
+        process per device); default all. A single-process run starts no runtime and ignores
+        them with a warning (restrict its devices with `CUDA_VISIBLE_DEVICES` instead).
       initialization_timeout: seconds to wait for the other processes.
       environ: where to read `JAXRL_*` from; default `os.environ`.
 
@@ -211,7 +213,7 @@ def initialize_distributed(
                 f"num_processes, got process_id={index}, num_processes={count}."
             )
         if count == 1:
-            return ProcessInfo(0, 1, None, "single")
+            return _single(local_device_ids)
         jax.distributed.initialize(
             coordinator_address=address,
             num_processes=count,
@@ -225,17 +227,29 @@ def initialize_distributed(
 
     cluster = _cluster_environment()
     if cluster is None or _cluster_process_count(cluster) == 1:
-        return ProcessInfo(0, 1, None, "single")
+        return _single(local_device_ids)
     try:
         jax.distributed.initialize(
             local_device_ids=local_device_ids, initialization_timeout=initialization_timeout
         )
     except ValueError:
         if cluster == "unknown":  # JAX found no launcher either: a single process
-            return ProcessInfo(0, 1, None, "single")
+            return _single(local_device_ids)
         raise
     _STARTED = ProcessInfo(jax.process_index(), jax.process_count(), None, "cluster")
     return _STARTED
+
+
+def _single(local_device_ids: Sequence[int] | None) -> ProcessInfo:
+    """The single-process `ProcessInfo`; a warning when `local_device_ids` go unused."""
+    if local_device_ids is not None:
+        warnings.warn(
+            f"initialize_distributed: a single-process run starts no distributed runtime, so "
+            f"local_device_ids={list(local_device_ids)} has no effect; restrict the devices "
+            "with CUDA_VISIBLE_DEVICES (or pass the devices to the mesh) instead.",
+            stacklevel=3,
+        )
+    return ProcessInfo(0, 1, None, "single")
 
 
 def is_main_process() -> bool:

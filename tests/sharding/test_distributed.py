@@ -40,6 +40,8 @@ def test_single_process_runs_start_nothing(no_cluster, monkeypatch):
     assert initialize_distributed("localhost:1234", 1, 0, environ={}) == single
     env = {dist.ENV_COORDINATOR: "h:1", dist.ENV_NUM_PROCESSES: "1", dist.ENV_PROCESS_ID: "0"}
     assert initialize_distributed(environ=env) == single
+    with pytest.warns(UserWarning, match=r"local_device_ids=\[1\] has no effect"):
+        assert initialize_distributed(local_device_ids=[1], environ={}) == single
     assert calls == []
 
 

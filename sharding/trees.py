@@ -133,7 +133,7 @@ def logical_shardings(
             spec = logical_to_spec(leaf_names, rules, mesh, shape=shape)
         except ValueError as err:
             raise ValueError(f"{where}: {err}") from None
-        _check_split(where, shape, leaf_names, must_split, rules, mesh)
+        _check_split(where, shape, leaf_names, must_split, rules, mesh, spec)
         out.append(NamedSharding(mesh, spec))
     return jax.tree_util.tree_unflatten(treedef, out)
 
@@ -145,17 +145,27 @@ def _check_split(
     must_split: Sequence[str],
     rules: Rules,
     mesh: AnyMesh,
+    spec: PartitionSpec,
 ) -> None:
+    def as_axes(entry: Any) -> tuple[str, ...]:
+        return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+
     for dim, name in enumerate(names):
         if name is None or name not in must_split:
             continue
-        entry = logical_to_spec((name,), rules, mesh)[0]
-        axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+        axes = as_axes(logical_to_spec((name,), rules, mesh)[0])
         split = math.prod(mesh.shape[a] for a in axes)
         if shape[dim] % split:
             raise ValueError(
                 f"{where}: axis {dim} ('{name}') has size {shape[dim]}, which does not split "
                 f"over the mesh axes {axes} ({split} ways); use a multiple of {split}."
+            )
+        got = as_axes(spec[dim])
+        if got != axes:  # an earlier axis of the leaf took those mesh axes under these rules
+            raise ValueError(
+                f"{where}: axis {dim} ('{name}') must be split over the mesh axes {axes}, but "
+                f"the rules gave it {got or 'no mesh axis'} (spec {tuple(spec)}): another "
+                "axis of the leaf takes some of them; change the rules."
             )
 
 

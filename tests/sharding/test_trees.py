@@ -86,6 +86,17 @@ def test_must_split_turns_a_fallback_into_an_error():
         logical_shardings({"kv": sds(5, 8, 2)}, names, MESH, rules=rules, must_split=("batch",))
 
 
+def test_must_split_refuses_rules_that_give_its_axes_to_another_dimension():
+    """Custom rules that send an earlier axis to a mesh axis of the batch's: the rows fell back
+    to replication silently although they divide."""
+    rules = (("kv_heads", "data"), *ACTIVATION_AXIS_RULES)
+    names = {"kv": ("layers", "kv_heads", "batch")}
+    out = logical_shardings({"kv": sds(5, 2, 12)}, names, MESH, rules=rules)
+    assert tuple(out["kv"].spec) == (None, "data", None)  # the fallback, without must_split
+    with pytest.raises(ValueError, match=r"axis 2 \('batch'\) must be split over the mesh axes"):
+        logical_shardings({"kv": sds(5, 2, 12)}, names, MESH, rules=rules, must_split=("batch",))
+
+
 def test_batch_shardings_split_rows_and_reject_uneven_batches():
     batch = {"tokens": sds(12, 5, dtype=jnp.int32), "reward": sds(12), "count": sds()}
     assert specs(batch_shardings(batch, MESH)) == {

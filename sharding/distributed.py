@@ -568,7 +568,13 @@ def place_global(tree: Any, shardings: Any) -> Any:
 
     Args:
       tree: a pytree of arrays (host or device), identical on every process.
-      shardings: a `Sharding` for every leaf, or a pytree prefix of `tree` of them.
+      shardings: a `Sharding` for every leaf, or a pytree prefix of `tree` of them. `None`
+        (`jax.device_put`'s default device) only on one process: a multi-process job refuses it,
+        since a value on one local device is not a global array.
+
+    Raises:
+      ValueError: in a multi-process job, a `None` sharding, or a PRNG key without a
+        `NamedSharding`.
 
     Examples:
       >>> from jax.sharding import PartitionSpec
@@ -582,7 +588,16 @@ def place_global(tree: Any, shardings: Any) -> Any:
     if jax.process_count() == 1:
         return jax.device_put(tree, shardings)
 
-    def one(sharding: Any, subtree: Any) -> Any:
+    def one(path: Any, sharding: Any, subtree: Any) -> Any:
+        if sharding is None and not jax.tree.leaves(subtree):  # e.g. a state's unset field
+            return subtree
+        if sharding is None:
+            raise ValueError(
+                f"place_global: '{path_str(path) or '<root>'}' has no sharding (None), which a "
+                "multi-process job cannot place as a global array; give it a NamedSharding "
+                "(PartitionSpec() to replicate it)."
+            )
+
         def leaf(x: Any) -> Any:
             if not _is_key(x):
                 return jax.device_put(x, sharding)
@@ -597,6 +612,9 @@ def place_global(tree: Any, shardings: Any) -> Any:
 
         return jax.tree.map(leaf, subtree)
 
-    return jax.tree.map(
-        one, shardings, tree, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding)
+    return jax.tree_util.tree_map_with_path(
+        one,
+        shardings,
+        tree,
+        is_leaf=lambda x: x is None or isinstance(x, jax.sharding.Sharding),
     )

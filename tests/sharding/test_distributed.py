@@ -212,5 +212,6 @@ def test_two_processes_build_one_global_batch_and_agree_on_a_reduction():
             "exact": exact,
         }
         assert r["any_on_1"] is True and r["any_none"] is False
+        assert r["none_error"].startswith("place_global: 'v' has no sharding (None)")
     # log_main: only process 0 logs
     assert "main says hello" in outputs[0][1] and "main says hello" not in outputs[1][1]

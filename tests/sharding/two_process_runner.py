@@ -66,6 +66,13 @@ def main() -> None:
     }
     keys = jax.random.split(jax.random.key(0), 8)  # typed keys, split over both processes
     keys = place_global(keys, NamedSharding(mesh, PartitionSpec(("data", "fsdp"))))
+    try:  # a value without a sharding cannot become a global array
+        empty = place_global({"w": np.ones(2), "u": None}, {"w": replicated, "u": None})
+        assert empty["u"] is None  # nothing to place: as on one process
+        place_global({"w": np.ones(2), "v": np.ones(3)}, {"w": replicated, "v": None})
+        none_error = ""
+    except ValueError as err:
+        none_error = str(err)
     wait_for_all_processes("two_process_runner: before the helpers")
     result = {
         "process": jax.process_index(),
@@ -82,6 +89,7 @@ def main() -> None:
         "gathered": {k: v.tolist() for k, v in gather_from_processes(mine).items()},
         "any_on_1": any_process(jax.process_index() == 1),
         "any_none": any_process(False),
+        "none_error": none_error,
     }
     print("RESULT " + json.dumps(result), flush=True)
 

@@ -43,6 +43,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from jax.sharding import AxisType, PartitionSpec
 
@@ -173,6 +174,16 @@ def _check_prompts(prompt_tokens: Any, prompt_mask: Any) -> tuple[Array, Array]:
             f"sample_tokens: `prompt_mask` must have the prompts' shape {tokens.shape}, "
             f"got {mask.shape}."
         )
+    if not isinstance(prompt_mask, jax.core.Tracer):  # under jit the caller's layout stands
+        rows = np.asarray(prompt_mask).astype(np.int8)
+        left_padded = (rows[:, -1] == 1) & (np.diff(rows, axis=1) >= 0).all(axis=1)
+        if rows.size and not left_padded.all():
+            bad = int(np.flatnonzero(~left_padded)[0])
+            raise ValueError(
+                f"sample_tokens: prompt {bad} is not left-padded: its mask must read 0 … 0 1 … 1 "
+                f"and end in column P − 1, got {rows[bad].tolist()} (`left_pad` builds such "
+                "rows; `generate` pads for you)."
+            )
     return tokens.astype(jnp.int32), mask.astype(bool)
 
 
@@ -257,6 +268,7 @@ def sample_tokens(
       state: the matching `nnx.State` (traced: new weights do not recompile).
       prompt_tokens: `[B, P]` int, left-padded (every prompt ends in column `P - 1`).
       prompt_mask: `[B, P]` bool/int, 1 on real prompt tokens; every row needs at least one.
+        Outside `jit` a mask that is not left-padded (0 … 0 1 … 1) is refused.
       key: one PRNG key (split into `N = B·G` row keys) or `[N]` per-row keys.
       config: the static `SamplingConfig` (budget `T`, filters, `G`, stop tokens, loop shape).
       max_new_tokens: optional `[N]` int per-row budgets, clipped to `[0, T]`.

@@ -331,6 +331,19 @@ def test_bad_inputs_raise_clear_errors():
             config=SamplingConfig(),
             max_new_tokens=jnp.ones((2,), jnp.int32),
         )
+    # called directly (not through generate): right padding or a hole would misplace the prompt
+    tokens = jnp.ones((2, 3), jnp.int32)
+    for row in ([1, 1, 0], [1, 0, 1], [0, 0, 0]):
+        with pytest.raises(
+            ValueError, match=r"prompt 1 is not left-padded: .*got \[" + _row_text(row)
+        ):
+            sample_tokens(
+                graphdef, state, tokens, jnp.array([[0, 1, 1], row]), key, config=SamplingConfig()
+            )
+
+
+def _row_text(row):
+    return ", ".join(map(str, row))
 
 
 def test_config_builds_from_yaml_mappings_and_rejects_bad_values():

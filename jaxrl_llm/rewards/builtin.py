@@ -166,6 +166,11 @@ def tag_format(
       >>> tag_format(["q", "q"], ["<think>a</think><answer>1</answer>", "1"])
       [1.0, 0.0]
     """
+    if isinstance(tags, str):  # tuple("answer") would be its letters
+        raise ValueError(
+            f"tag_format: `tags` must be a list of tag names, got the string {tags!r} (write "
+            f"[{tags}])."
+        )
     tags = tuple(tags)
     if not tags or not all(isinstance(t, str) and t for t in tags):
         raise ValueError(f"tag_format: `tags` must be non-empty tag names, got {tags!r}.")

@@ -32,6 +32,7 @@ costs one idle thread per timeout.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import numbers
@@ -122,10 +123,11 @@ class CallTimeoutError(TimeoutError):
     """
 
 
-def call_with_timeout(fn: Any, *args: Any, timeout_s: float | None, **kwargs: Any) -> Any:
+def call_with_timeout(fn: Any, /, *args: Any, timeout_s: float | None, **kwargs: Any) -> Any:
     """`fn(*args, **kwargs)` in a daemon thread; `CallTimeoutError` if it takes over `timeout_s`.
 
     The function's own exception is re-raised unchanged. `timeout_s=None` calls it directly.
+    A keyword argument of `fn` that is itself named `timeout_s` needs `functools.partial`.
 
     Examples:
       >>> call_with_timeout(sum, [1, 2], timeout_s=1.0)
@@ -226,9 +228,9 @@ def _score_one(
     """One function on the batch: per-row values (None where it failed) and the failures."""
     n = len(completions)
     try:
-        out = call_with_timeout(
-            rf.fn, list(prompts), list(completions), timeout_s=timeout_s, **fields
-        )
+        # the fields bound first: an example field may be named like the helper's arguments
+        call = functools.partial(rf.fn, list(prompts), list(completions), **fields)
+        out = call_with_timeout(call, timeout_s=timeout_s)
     except CallTimeoutError:
         return [None] * n, [RewardFailure(rf.name, "timeout", None, f"took over {timeout_s:g} s")]
     except Exception as err:

@@ -196,8 +196,14 @@ def parse_number(text: str) -> Fraction | None:
         return None
     plain = s.replace(",", "")
     mantissa, _, exponent = plain.lower().partition("e")
-    if len(mantissa) > _MAX_DIGITS or (exponent and abs(int(exponent)) > _MAX_EXPONENT):
+    # the exponent's digits bounded before int(): Python refuses to parse over 4,300 digits
+    digits = exponent.lstrip("+-").lstrip("0")
+    if len(mantissa) > _MAX_DIGITS or len(digits) > len(str(_MAX_EXPONENT)):
         return None
+    if digits and int(digits) > _MAX_EXPONENT:
+        return None
+    if exponent:  # without its leading zeros, which Fraction would parse in full too
+        plain = f"{mantissa}e{'-' if exponent.startswith('-') else ''}{digits or '0'}"
     return Fraction(plain)
 
 
@@ -241,22 +247,30 @@ def answers_match(
 def follows_tag_format(text: str, tags: Sequence[str] = ("think", "answer")) -> bool:
     """Whether `text` is exactly `<t1>…</t1> <t2>…</t2> …` for `tags`, in order.
 
-    Each tag appears once with non-empty content; only whitespace may sit between, before or
-    after the blocks (the R1-style format reward of "DeepSeek-R1", arXiv 2501.12948).
+    Each tag appears once with non-empty content that holds none of the `tags`' opening or
+    closing marks; only whitespace may sit between, before or after the blocks (the R1-style
+    format reward of "DeepSeek-R1", arXiv 2501.12948).
 
     Examples:
       >>> follows_tag_format("<think>2+2</think>\\n<answer>4</answer>")
       True
       >>> follows_tag_format("<answer>4</answer>"), follows_tag_format("x<think>a</think><answer>4</answer>")
       (False, False)
+      >>> follows_tag_format("<think>a</think><answer>4<think>b</think></answer>")
+      False
     """
+    if isinstance(tags, str):  # its letters would be the tags
+        raise ValueError(f"follows_tag_format: `tags` must be a sequence of names, got {tags!r}.")
     if not tags:
         raise ValueError("follows_tag_format: `tags` must name at least one tag, got ().")
+    marks = [m for t in tags for m in (f"<{t}>", f"</{t}>")]
     position = 0
     for tag in tags:
         block = re.compile(rf"\s*<{re.escape(tag)}>(.*?)</{re.escape(tag)}>", flags=re.DOTALL)
         found = block.match(text, position)
-        if found is None or not found.group(1).strip() or f"<{tag}>" in found.group(1):
+        if found is None or not found.group(1).strip():
+            return False
+        if any(mark in found.group(1) for mark in marks):  # another block nested inside
             return False
         position = found.end()
     return not text[position:].strip()

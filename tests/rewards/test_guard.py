@@ -222,6 +222,18 @@ def test_a_timeout_error_raised_by_the_function_is_not_our_timeout():
     assert "TimeoutError: upstream service timed out" in out.failures[0].detail
 
 
+@pytest.mark.parametrize("timeout_s", [5.0, None])
+def test_example_fields_named_like_the_timeout_helpers_arguments_reach_the_function(timeout_s):
+    """Fields `fn` and `timeout_s` (e.g. from a JSONL data set): every call once failed with
+    "got multiple values for argument 'fn'" or a KeyError, blamed on the reward function."""
+    fields = {**FIELDS, "fn": ["x"] * N, "timeout_s": ["y"] * N}
+    out = score_rewards(
+        [rf(correct)], PROMPTS, COMPLETIONS, fields, group_size=G, on_failure="fail",
+        timeout_s=timeout_s,
+    )  # fmt: skip
+    np.testing.assert_array_equal(out.rewards[:, 0], [1, 0, 1, 0, 1, 1])
+
+
 def test_call_with_timeout_reraises_the_function_error():
     with pytest.raises(KeyError, match="k"):
         call_with_timeout(lambda: {}["k"], timeout_s=1.0)

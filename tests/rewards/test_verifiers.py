@@ -117,6 +117,9 @@ def test_extract_answer_priority_and_methods():
         ("\u22125", Fraction(-5)),  # a Unicode minus
         ("1" * 5000, None),  # beyond 4000 digits: not parsed (Python's int limit is 4300)
         ("1e10000000", None),  # an exponent beyond ±10000: not parsed (seconds of big-int work)
+        ("1e" + "1" * 5000, None),  # an exponent of 5,000 digits: int() would raise
+        ("1e-" + "0" * 4400 + "1", Fraction(1, 10)),  # leading zeros, however many
+        ("1E+05", Fraction(100000)),
         ("1e400", Fraction(10) ** 400),
         ("1/0", None),
         ("12 apples", None),
@@ -155,6 +158,8 @@ def test_answers_match_is_exact_for_numbers_and_normalised_for_text():
         ("<think>a</think><answer>4</answer> trailing", False),
         ("<think>a<think>b</think><answer>4</answer>", False),  # nested opening tag
         ("<think>a</think><answer>4</answer><answer>5</answer>", False),  # repeated
+        ("<think>a</think><answer>4<think>b</think></answer>", False),  # another tag inside
+        ("<think>a</answer></think><answer>4</answer>", False),  # a stray closing mark
     ],
 )
 def test_follows_tag_format(text, ok):
@@ -219,6 +224,12 @@ def test_builtin_rewards_name_missing_fields_and_bad_options():
         regex_format(["q"], ["1"], pattern="(")
     with pytest.raises(ValueError, match="non-empty tag names"):
         tag_format(["q"], ["1"], tags=["", "a"])
+    with pytest.raises(ValueError, match=r"got the string 'answer' \(write \[answer\]\)"):
+        tag_format(["q"], ["<answer>7</answer>"], tags="answer")  # not its letters
+    with pytest.raises(ValueError, match="must be a sequence of names"):
+        follows_tag_format("<answer>7</answer>", "answer")
+    # a degenerate completion scores 0 instead of raising (an exponent of 5,000 digits)
+    assert math_answer(["q"], ["answer 1e" + "9" * 5000], answer=["5"]) == [0.0]
 
 
 def test_exact_match_and_exact_answer_differ_in_normalisation():

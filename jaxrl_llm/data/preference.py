@@ -535,6 +535,12 @@ def arithmetic_preference_records(
             "arithmetic_preference_records: `desirable_fraction` must lie in [0, 1], got "
             f"{desirable_fraction!r}."
         )
+    if config.answer_noise:  # the noisy answer would be `chosen`, a true one sometimes rejected
+        raise ValueError(
+            "arithmetic_preference_records: data.arithmetic.answer_noise is a noisy teacher's "
+            "SFT demonstrations; preference pairs prefer the right answer, so it must be 0, got "
+            f"{config.answer_noise}."
+        )
     rng = np.random.default_rng([seed, 7919])
     records = []
     for example in arithmetic_examples(config, split=split, seed=seed):

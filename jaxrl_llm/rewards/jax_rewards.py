@@ -8,7 +8,9 @@ Conventions (those of the sampler's `Rollout`): `completion_tokens[N, T]` int,
 `completion_mask[N, T]` (bool or {0,1}; True on generated tokens, including the stop token).
 The mask may have holes: the valid tokens are read in order, as `decode_completions` does, so
 the text verifier `builtin.exact_answer` on the decoded completions gives the same reward.
-With the `ByteTokenizer` the token form of a string is unique, so the two always agree; with a
+With the `ByteTokenizer` the token form of a plain-text answer is unique, so the two agree (an
+answer holding a special token's rendered name, `<pad>` or `<id:N>`, or the replacement
+character of invalid bytes is the exception: decoding writes that text for other tokens); with a
 subword tokenizer the JAX reward compares against the answer's canonical tokenization only.
 """
 

@@ -79,3 +79,14 @@ def test_corrupt_last_digits_edge_cases():
 def test_answer_noise_out_of_range_is_a_config_error(value):
     with pytest.raises(ConfigError, match=r"arithmetic.answer_noise: must be in \[0, 1\), got"):
         build(ArithmeticConfig, {"answer_noise": value})
+
+
+def test_preference_pairs_refuse_a_noisy_teacher():
+    """Pairs from noisy answers preferred the corrupted answer (and sometimes rejected the true
+    one) while promising the right answer is preferred."""
+    from jaxrl_llm.data import arithmetic_preference_records
+
+    with pytest.raises(ValueError, match=r"answer_noise .* must be 0, got 0\.4"):
+        arithmetic_preference_records(NOISY)
+    records = arithmetic_preference_records(CLEAN)
+    assert all(r["chosen"] == _true_sum(r["prompt"]) != r["rejected"] for r in records)

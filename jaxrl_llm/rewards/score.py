@@ -68,6 +68,11 @@ def score_completions(
     texts = decode_completions(tokenizer, completion_tokens, mask, stop_ids=stop_ids)
     repeated = [p for p in prompts for _ in range(group_size)]
     fields = group_fields(examples, group_size)
+    if "completion_lengths" in fields:  # it would be replaced without a word
+        raise ValueError(
+            "score_completions: the examples have a field 'completion_lengths', the name under "
+            "which reward functions receive the completions' token counts; rename the field."
+        )
     fields["completion_lengths"] = (mask > 0).sum(axis=1).tolist()
     return score_rewards(
         functions,

@@ -144,3 +144,15 @@ def test_score_completions_checks_shapes():
             tokenizer=TOK,
             group_size=2,
         )
+    # an example field named like the token counts the rewards receive was replaced silently
+    with pytest.raises(ValueError, match="a field 'completion_lengths'.*rename the field"):
+        score_completions(
+            cfg.resolve(),
+            cfg,
+            examples=[{"answer": "1", "completion_lengths": 7}],
+            prompts=["q"],
+            completion_tokens=np.zeros((2, 2), np.int32),
+            completion_mask=np.ones((2, 2), bool),
+            tokenizer=TOK,
+            group_size=2,
+        )

@@ -38,6 +38,14 @@ def _check_scalar_beta(beta: Any, *, where: str) -> None:
         )
 
 
+def _side_counts(v_d: Array, v_u: Array) -> dict[str, Array]:
+    """Each side's valid examples, the weights of its mean metric (`count/<metric>`)."""
+    return {
+        "count/pref/reward_chosen": jnp.sum(v_d).astype(jnp.float32),
+        "count/pref/reward_rejected": jnp.sum(v_u).astype(jnp.float32),
+    }
+
+
 def _side(logp: Any, ref_logp: Any, valid: Any, side: str, *, where: str) -> tuple[Array, Array]:
     """One side (desirable `side="chosen"` or undesirable `"rejected"`, which names the
     arguments in errors): `(lr, v)` with `lr = π − sg(ref)`, zero off-valid."""
@@ -141,7 +149,9 @@ def kto_loss(
       `(loss, metrics)`: a float32 scalar; `pref/reward_chosen` (mean `β·lr` of the desirable
       examples), `pref/reward_rejected` (undesirable), `pref/margin` (their difference),
       `pref/accuracy` (fraction of examples on their side of the reference point:
-      `lr > z` for desirable, `lr < z` for undesirable; `z = 0` for apo_zero_unpaired), `pref/kl`.
+      `lr > z` for desirable, `lr < z` for undesirable; `z = 0` for apo_zero_unpaired), `pref/kl`,
+      and `count/pref/reward_chosen`, `count/pref/reward_rejected` (each side's valid
+      examples: the weights that reduce the per-side means exactly over micro-batches).
 
     Examples:
       >>> import jax.numpy as jnp
@@ -191,6 +201,7 @@ def kto_loss(
         "pref/margin": reward_d - reward_u,
         "pref/accuracy": right_side / jnp.maximum(count, 1.0),
         "pref/kl": z,
+        **_side_counts(v_d, v_u),
     }
     return total / den, stop_gradient_metrics(metrics)
 
@@ -237,7 +248,8 @@ def bco_loss(
     Returns:
       `(loss, metrics)`: a float32 scalar; `pref/reward_chosen`, `pref/reward_rejected` (mean
       `β·lr` per side), `pref/margin`, `pref/accuracy` (fraction classified correctly:
-      `β·lr > δ` for desirable, `< δ` for undesirable), `pref/delta`.
+      `β·lr > δ` for desirable, `< δ` for undesirable), `pref/delta`, and the per-side counts
+      `count/pref/reward_chosen`, `count/pref/reward_rejected` (as `kto_loss`).
 
     Examples:
       >>> import jax.numpy as jnp
@@ -262,5 +274,6 @@ def bco_loss(
         "pref/margin": reward_d - reward_u,
         "pref/accuracy": right / jnp.maximum(jnp.sum(v_d) + jnp.sum(v_u), 1.0),
         "pref/delta": d,
+        **_side_counts(v_d, v_u),
     }
     return loss, stop_gradient_metrics(metrics)

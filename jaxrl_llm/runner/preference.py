@@ -53,13 +53,14 @@ from jaxrl_llm.train import (
     pack_preference_batch,
     precompute_reference_logprobs,
 )
+from jaxrl_llm.train.metrics import COUNT, with_derived_margin
 from jaxrl_llm.train.pair_packing import packing_fill
 from jaxrl_llm.train.shardings import place_batch
 from sharding import fetch_global
 
 
 def _unpaired(config: RunConfig) -> bool:
-    """KTO's and BCO's labelled completions; pairs for the other losses and reward models."""
+    """KTO's labelled completions; pairs for the other losses (BCO included) and reward models."""
     return config.preference is not None and not config.preference.paired
 
 
@@ -247,11 +248,14 @@ def _preference_step(
     tokens = float(sum(len(e.chosen) + len(e.rejected or ()) for e in chosen))
     references = _table_rows(ctx, "train", np.asarray(indices))
     with jax.set_mesh(ctx.mesh):
+        before = state.reward_moments  # not donated: the step gets the updated moments
         batch, moments = _prepared_batch(ctx, state, chosen, references)
         state = state._replace(reward_moments=moments)  # BCO's shift δ: checkpointed with it
         update_start = time.perf_counter()
         state, metrics = ctx.update(state, batch)
         metrics = {k: float(v) for k, v in fetch_global(metrics).items()}
+        if metrics.get("optim/skipped", 0.0) > 0:  # a skipped step leaves δ's statistics too
+            state = state._replace(reward_moments=before)
     done = time.perf_counter()
     if batch.packed is not None:  # the share of the packed rows' slots holding a token
         metrics["perf/packing_fill"] = packing_fill(batch.packed)
@@ -279,7 +283,9 @@ def _table_rows(
 def evaluate_preference(ctx: RunContext, state: TrainState) -> dict[str, float]:
     """The objective's metrics on the held-out preference examples (module docstring):
     `eval/<metric>` for each metric of the update step's objective (`eval/pref/accuracy`,
-    `eval/loss/preference`, `eval/pref/margin`, ...), the mean over whole batches, with the
+    `eval/loss/preference`, `eval/pref/margin`, ...), the mean over whole batches (a metric
+    with its own weight, such as KTO's per-side `count/pref/reward_chosen`, weighted by it;
+    `pref/margin` the difference of the two sides, as the update step reduces them), with the
     parameters and BCO's shift of `state` (evaluation moves neither); `{}` without examples.
 
     Examples:
@@ -294,6 +300,7 @@ def evaluate_preference(ctx: RunContext, state: TrainState) -> dict[str, float]:
     B = ctx.config.train.prompts_per_step
     run = preference_eval_program(ctx.config.objective, ctx.graphs)
     sums: dict[str, float] = {}
+    weights: dict[str, float] = {}
     with jax.set_mesh(ctx.mesh):
         for first in range(0, len(examples), B):
             rows = np.arange(first, first + B)
@@ -306,9 +313,13 @@ def evaluate_preference(ctx: RunContext, state: TrainState) -> dict[str, float]:
             )
             metrics = fetch_global(run(state.params, state.frozen, batch))
             for key, value in metrics.items():
-                sums[key] = sums.get(key, 0.0) + float(value)
-    batches = len(examples) // B
-    out = {f"eval/{key}": value / batches for key, value in sums.items()}
+                if key.startswith(COUNT):
+                    continue
+                weight = float(metrics.get(COUNT + key, 1.0))
+                sums[key] = sums.get(key, 0.0) + float(value) * weight
+                weights[key] = weights.get(key, 0.0) + weight
+    means = {key: total / weights[key] if weights[key] else 0.0 for key, total in sums.items()}
+    out = {f"eval/{key}": value for key, value in with_derived_margin(means).items()}
     out["eval/preference_examples"] = float(len(examples))
     out["time/preference_eval_s"] = time.perf_counter() - started
     return out

@@ -16,14 +16,23 @@ name:
     "optim/…"                                    weighted by an explicit 0/1 (the updates that
                                                  were applied)
     anything else                                weighted by the micro-batch's valid tokens
+
+A metric can name its own weight: a key `count/<key>` next to `<key>` (e.g. KTO's
+`count/pref/reward_chosen`, the micro-batch's desirable examples) replaces the weight its name
+gives; `count/…` keys are consumed, not reported. After the reduction, `pref/margin` is the
+reduced `pref/reward_chosen − pref/reward_rejected` when both are reported: for paired losses
+that is the weighted mean of the pairs' margins anyway, and for KTO's and BCO's per-side means
+it keeps the margin exact when a micro-batch holds only one side.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+
+COUNT = "count/"  # prefix of a metric's own weight (module docstring)
 
 
 class MicroStats(NamedTuple):
@@ -71,7 +80,15 @@ def micro_batch_stats(
       (2.0, 4.0, 2.0)
     """
     sums, counts, maxes = {}, {}, {}
+    own = {k.removeprefix(COUNT): v for k, v in metrics.items() if k.startswith(COUNT)}
+    unknown = sorted(set(own) - set(metrics))
+    if unknown:
+        raise ValueError(
+            f"micro_batch_stats: weights {[COUNT + k for k in unknown]} name no reported metric."
+        )
     for key, value in metrics.items():
+        if key.startswith(COUNT):
+            continue
         value = jnp.asarray(value, jnp.float32)
         if _is_max(key):
             maxes[key] = value
@@ -82,7 +99,9 @@ def micro_batch_stats(
             sums[key] = value
             counts[key] = jnp.asarray(loss_weight, jnp.float32)
             continue
-        if key.startswith("optim/"):
+        if key in own:
+            weight = own[key]
+        elif key.startswith("optim/"):
             weight = optim_weight
         elif "/seq_" in key or key.startswith(("pref/", "rm/")):
             weight = num_seqs
@@ -112,4 +131,19 @@ def reduce_stats(stats: MicroStats) -> dict[str, jax.Array]:
         out[key] = jnp.where(count > 0, jnp.sum(total) / jnp.where(count > 0, count, 1.0), 0.0)
     for key, value in stats.maxes.items():
         out[key] = jnp.max(value)
-    return out
+    return with_derived_margin(out)
+
+
+def with_derived_margin(metrics: dict[str, Any]) -> dict[str, Any]:
+    """`metrics` with `pref/margin` set to `pref/reward_chosen − pref/reward_rejected` when all
+    three are present (the module docstring); otherwise unchanged.
+
+    Examples:
+      >>> with_derived_margin({"pref/reward_chosen": 1.0, "pref/reward_rejected": -0.5,
+      ...                      "pref/margin": 0.0})["pref/margin"]
+      1.5
+    """
+    keys = ("pref/margin", "pref/reward_chosen", "pref/reward_rejected")
+    if not all(k in metrics for k in keys):
+        return metrics
+    return {**metrics, keys[0]: metrics[keys[1]] - metrics[keys[2]]}

@@ -157,7 +157,7 @@ def reward_model_loss(
     norms: Normalizers,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The loss of one (micro-)batch's pairs, normalised by the update's valid pairs
-    `norms.num_seqs` (so micro-batch losses add up to the whole batch's), and its metrics.
+    `max(norms.num_seqs, 1)` (so micro-batch losses add up to the whole batch's), and its metrics.
 
     Examples:
       >>> n = Normalizers(jnp.array(2.0), jnp.array(2.0), jnp.array(1.0))
@@ -168,10 +168,11 @@ def reward_model_loss(
     """
     local, metrics = losses.bradley_terry_loss(chosen, rejected, margin=config.margin, valid=valid)
     count = jnp.sum(valid)
-    loss = local * count / norms.num_seqs
+    pairs = jnp.maximum(norms.num_seqs, 1.0)  # an update without valid pairs: loss 0, not NaN
+    loss = local * count / pairs
     metrics = {**metrics, "loss/bradley_terry": loss}
     if config.center_coef:
-        center = config.center_coef * jnp.sum(valid * (chosen + rejected) ** 2) / norms.num_seqs
+        center = config.center_coef * jnp.sum(valid * (chosen + rejected) ** 2) / pairs
         metrics["loss/center"] = center
         loss = loss + center
     metrics["loss/total"] = loss

@@ -145,7 +145,7 @@ def test_score_completions_checks_shapes():
             group_size=2,
         )
     # an example field named like the token counts the rewards receive was replaced silently
-    with pytest.raises(ValueError, match="a field 'completion_lengths'.*rename the field"):
+    with pytest.raises(ValueError, match=r"a field 'completion_lengths'.*rename the field"):
         score_completions(
             cfg.resolve(),
             cfg,

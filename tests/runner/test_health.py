@@ -118,3 +118,23 @@ def test_degenerate_batches_train_without_nan(tmp_path, caplog):
         assert record["optim/grad_norm"] < 1e-6 and record["response/truncated_frac"] == 1.0
     text = caplog.text
     assert text.count("every group has equal rewards") == 1  # warned once per streak
+
+
+def test_a_skipped_bco_step_leaves_the_reward_shift_as_it_was(tmp_path):
+    """BCO's running moments (the shift δ) are updated before the update step; a step skipped
+    as non-finite (a NaN reference here) once kept the NaN statistics, so every later step
+    was non-finite too. Now the skipped step leaves them as they were, like the parameters."""
+    from tests.runner.helpers import PREFERENCE
+
+    path = str(CONFIGS / "bco.yaml")
+    overrides = [*PREFERENCE, "train.steps=3", "train.max_consecutive_skips=2"]
+    prepared = prepare_run(load_run_config(path, overrides, run_dir=tmp_path))
+    initial = _host(prepared.state.reward_moments)
+    poisoned = jax.tree.map(lambda x: x * np.nan, prepared.context.reference)
+    prepared = prepared._replace(context=prepared.context._replace(reference=poisoned))
+    with pytest.raises(TrainingDivergedError, match="2 consecutive steps were skipped"):
+        run_training(prepared)
+    resumed = prepare_run(load_run_config(path, overrides, run_dir=tmp_path), resume=True)
+    resumed.checkpointer.close()
+    assert resumed.start_step == 2
+    assert tree_equal(_host(resumed.state.reward_moments), initial)

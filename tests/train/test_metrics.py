@@ -56,3 +56,52 @@ def test_empty_counts_report_zero():
         loss_weight=1.0,
     )
     assert float(reduce_stats(stats)["entropy/mean"]) == 0.0
+
+
+def test_kto_per_side_means_reduce_exactly_over_micro_batches():
+    """KTO's per-side means with each side's own count: a micro-batch of undesirable examples
+    only reported reward_chosen = 0 with the weight of all its examples (0.5 instead of 1.0,
+    margin 1.5 instead of 2.0 in the audit's case)."""
+    import losses
+
+    beta = 0.1
+    lr = {"a": ([], [-10.0] * 4), "b": ([10.0] * 2, [-10.0] * 2)}  # (desirable, undesirable)
+
+    def kto(chosen, rejected):
+        c, r = jnp.asarray(chosen, jnp.float32), jnp.asarray(rejected, jnp.float32)
+        return losses.kto_loss(
+            c,
+            r,
+            jnp.zeros_like(c),
+            jnp.zeros_like(r),
+            beta=beta,
+            kl=None,
+            loss_type="apo_zero_unpaired",
+        )[1]
+
+    def stats(metrics, n):
+        return micro_batch_stats(
+            metrics,
+            num_tokens=jnp.asarray(3.0 * n),
+            num_seqs=jnp.asarray(float(n)),
+            loss_weight=1.0,
+        )
+
+    parts = [stats(kto(*lr[k]), len(lr[k][0]) + len(lr[k][1])) for k in ("a", "b")]
+    reduced = reduce_stats(jax.tree.map(lambda *x: jnp.stack(x), *parts))
+    whole = kto([10.0] * 2, [-10.0] * 6)
+    for key in ("pref/reward_chosen", "pref/reward_rejected", "pref/margin", "pref/accuracy"):
+        np.testing.assert_allclose(float(reduced[key]), float(whole[key]), rtol=1e-6, err_msg=key)
+    assert float(reduced["pref/margin"]) == 2.0 and not any(k.startswith("count/") for k in reduced)
+
+
+def test_a_weight_for_a_metric_that_is_not_reported_is_an_error():
+    import pytest
+
+    with pytest.raises(ValueError, match=r"\['count/pref/x'\] name no reported metric"):
+        micro_batch_stats(
+            {"count/pref/x": jnp.asarray(1.0)},
+            num_tokens=jnp.asarray(1.0),
+            num_seqs=jnp.asarray(1.0),
+            loss_weight=1.0,
+        )

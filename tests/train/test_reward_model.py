@@ -104,3 +104,14 @@ def test_a_linear_probe_trains_the_head_alone():
     moved = jax.tree.map(lambda a, b: bool(np.any(np.asarray(a) != b)), after, before)
     assert all(jax.tree.leaves(moved["head"]))
     assert not any(jax.tree.leaves({k: v for k, v in moved.items() if k != "head"}))
+
+
+def test_an_update_without_valid_pairs_has_loss_zero_not_nan():
+    import jax.numpy as jnp
+
+    from jaxrl_llm.train import Normalizers, reward_model_loss
+
+    none = Normalizers(jnp.array(0.0), jnp.array(0.0), jnp.array(1.0))
+    config = RewardModelConfig(center_coef=0.01)
+    loss, metrics = reward_model_loss(config, jnp.ones(2), jnp.zeros(2), jnp.zeros(2), none)
+    assert float(loss) == 0.0 and float(metrics["loss/center"]) == 0.0

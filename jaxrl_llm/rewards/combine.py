@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from jax import Array
 from jaxtyping import ArrayLike
 
+from jaxrl_llm.rewards.decode import _is_int
 from losses.advantages import gdpo_advantages, group_advantages
 from losses.reward_combination import weighted_rewards
 
@@ -31,7 +32,7 @@ def _grouped(rewards: Array, group_size: int, where: str) -> tuple[int, int]:
     if rewards.ndim != 2:
         raise ValueError(f"{where}: `rewards` must be [N, K], got shape {rewards.shape}.")
     n = rewards.shape[0]
-    if not isinstance(group_size, int) or group_size < 2 or n % group_size:
+    if not _is_int(group_size) or group_size < 2 or n % group_size:
         raise ValueError(
             f"{where}: `group_size` must be an integer >= 2 dividing N = {n}, got {group_size!r}."
         )

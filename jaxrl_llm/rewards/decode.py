@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from typing import Any
 
@@ -50,9 +51,9 @@ def decode_completions(
             "decode_completions: `completion_tokens` and `completion_mask` must both be [N, T], "
             f"got shapes {tokens.shape} and {mask.shape}."
         )
-    if stop_ids is None:
-        stop_ids = tokenizer.eos_id
-    stops = {stop_ids} if isinstance(stop_ids, int | np.integer) else set(stop_ids)
+    stops = set(
+        _stop_id_tuple(tokenizer.eos_id if stop_ids is None else stop_ids, "decode_completions")
+    )
     texts = []
     known = (tokens >= 0) & (tokens < tokenizer.vocab_size)
     for row, keep, row_known in zip(tokens, mask > 0, known, strict=True):
@@ -63,6 +64,34 @@ def decode_completions(
         else:
             texts.append(_decode_unknown(tokenizer, ids[:cut]))
     return texts
+
+
+def _stop_id_tuple(stop_ids: Any, where: str) -> tuple[int, ...]:
+    """One stop id or several (ints, NumPy or JAX integers or an integer array) as a tuple.
+
+    Examples:
+      >>> _stop_id_tuple(np.int64(2), "f"), _stop_id_tuple(np.array([1, 2]), "f")
+      ((2,), (1, 2))
+    """
+    ids = np.asarray(stop_ids)
+    if (
+        isinstance(stop_ids, bool)
+        or ids.dtype == bool
+        or ids.ndim > 1
+        or ids.size == 0
+        or (
+            not np.issubdtype(ids.dtype, np.integer)
+            and not (ids.dtype == object and all(_is_int(i) for i in ids.reshape(-1)))
+        )
+    ):
+        raise ValueError(
+            f"{where}: `stop_ids` must be an int or a non-empty sequence of ints, got {stop_ids!r}."
+        )
+    return tuple(int(i) for i in ids.reshape(-1))
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
 def _decode_unknown(tokenizer: Any, ids: list[int]) -> str:

@@ -42,6 +42,7 @@ from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
+from jaxrl_llm.rewards.decode import _is_int
 from jaxrl_llm.rewards.registry import RewardFunction
 
 FailurePolicy = Literal["fail", "score", "drop_group"]
@@ -343,7 +344,7 @@ def _check_inputs(
                 f"score_rewards: example field {key!r} must hold one value per completion "
                 f"({n}), got {got}."
             )
-    if not isinstance(group_size, int) or group_size < 1 or n % group_size:
+    if not _is_int(group_size) or group_size < 1 or n % group_size:
         raise ValueError(
             f"score_rewards: `group_size` must be a positive divisor of the {n} completions, "
             f"got {group_size!r}."

@@ -16,7 +16,6 @@ subword tokenizer the JAX reward compares against the answer's canonical tokeniz
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Sequence
 
 import jax
@@ -24,14 +23,11 @@ import jax.numpy as jnp
 from jax import Array
 from jaxtyping import ArrayLike
 
+from jaxrl_llm.rewards.decode import _stop_id_tuple
+
 
 def _stop_array(stop_ids: int | Sequence[int], where: str) -> Array:
-    ids = (stop_ids,) if isinstance(stop_ids, numbers.Integral) else tuple(stop_ids)
-    if not ids or not all(isinstance(i, numbers.Integral) and not isinstance(i, bool) for i in ids):
-        raise ValueError(
-            f"{where}: `stop_ids` must be an int or a non-empty sequence of ints, got {stop_ids!r}."
-        )
-    return jnp.asarray([int(i) for i in ids], jnp.int32)
+    return jnp.asarray(_stop_id_tuple(stop_ids, where), jnp.int32)
 
 
 def _check_tokens(tokens: ArrayLike, mask: ArrayLike, where: str) -> tuple[Array, Array]:

@@ -97,3 +97,13 @@ def test_bad_arguments(rewards, kwargs, message):
 def test_rewards_must_be_two_dimensional():
     with pytest.raises(ValueError, match="`rewards` must be \\[N, K\\]"):
         combined_advantages(np.zeros(6, np.float32), np.ones(1), group_size=2)
+
+
+def test_a_numpy_integer_group_size_is_accepted(rewards):
+    w = np.ones(K, np.float32)
+    np.testing.assert_array_equal(
+        combined_advantages(rewards, w, group_size=np.int64(G)),
+        combined_advantages(rewards, w, group_size=G),
+    )
+    with pytest.raises(ValueError, match="`group_size` must be an integer"):
+        combined_advantages(rewards, w, group_size=True)

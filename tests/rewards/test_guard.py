@@ -306,3 +306,19 @@ def test_bad_inputs_raise():
         score_rewards([rf(correct)], PROMPTS, COMPLETIONS, {"answer": ["2"]})
     with pytest.raises(ValueError, match="`functions` is empty"):
         score_rewards([], PROMPTS, COMPLETIONS, FIELDS)
+
+
+def test_stop_ids_and_group_sizes_may_be_numpy_or_jax_integers():
+    import jax.numpy as jnp
+
+    from jaxrl_llm.rewards import decode_completions
+    from jaxrl_llm.tokenizer import ByteTokenizer
+
+    out = score_rewards([rf(correct)], PROMPTS, COMPLETIONS, FIELDS, group_size=np.int64(G))
+    np.testing.assert_array_equal(out.rewards[:, 0], [1, 0, 1, 0, 1, 1])
+    tokens, mask = np.array([[49, 10, 50, 258]]), np.ones((1, 4), bool)
+    for stops in (jnp.int32(10), jnp.array([10, 258]), np.array([10])):
+        assert decode_completions(ByteTokenizer(), tokens, mask, stop_ids=stops) == ["1"]
+    for bad in (True, [], [1.5], [[10]]):
+        with pytest.raises(ValueError, match="`stop_ids` must be an int or a non-empty sequence"):
+            decode_completions(ByteTokenizer(), tokens, mask, stop_ids=bad)

@@ -79,8 +79,7 @@ def math_answer(
       [1.0, 1.0, 0.0]
     """
     where = "math_answer"
-    _check_method(extract, "extract", where)
-    _check_method(reference_extract, "reference_extract", where)
+    _math_answer_options(extract=extract, reference_extract=reference_extract)
     refs = _field(fields, answer_field, len(completions), where)
     out = []
     for completion, ref in zip(completions, refs, strict=True):
@@ -88,6 +87,13 @@ def math_answer(
         target = _reference_answer(ref, reference_extract)
         out.append(float(answers_match(extract_answer(completion, extract), target)))
     return out
+
+
+def _math_answer_options(
+    *, extract: Any = "auto", reference_extract: Any = "auto", **_: Any
+) -> None:
+    _check_method(extract, "extract", "math_answer")
+    _check_method(reference_extract, "reference_extract", "math_answer")
 
 
 def _reference_answer(reference: str, method: ExtractMethod) -> str:
@@ -120,7 +126,7 @@ def exact_match(
       [1.0, 0.0]
     """
     where = "exact_match"
-    _check_method(extract, "extract", where)
+    _exact_match_options(extract=extract)
     refs = _field(fields, answer_field, len(completions), where)
     return [
         float(
@@ -130,6 +136,10 @@ def exact_match(
         )
         for c, r in zip(completions, refs, strict=True)
     ]
+
+
+def _exact_match_options(*, extract: Any = "full", **_: Any) -> None:
+    _check_method(extract, "extract", "exact_match")
 
 
 def exact_answer(
@@ -166,15 +176,22 @@ def tag_format(
       >>> tag_format(["q", "q"], ["<think>a</think><answer>1</answer>", "1"])
       [1.0, 0.0]
     """
+    tags = _tag_format_options(tags=tags)
+    return [float(follows_tag_format(c, tags)) for c in completions]
+
+
+def _tag_format_options(*, tags: Any = ("think", "answer"), **_: Any) -> tuple[str, ...]:
     if isinstance(tags, str):  # tuple("answer") would be its letters
         raise ValueError(
             f"tag_format: `tags` must be a list of tag names, got the string {tags!r} (write "
             f"[{tags}])."
         )
+    if not isinstance(tags, Sequence):
+        raise ValueError(f"tag_format: `tags` must be a list of tag names, got {tags!r}.")
     tags = tuple(tags)
     if not tags or not all(isinstance(t, str) and t for t in tags):
         raise ValueError(f"tag_format: `tags` must be non-empty tag names, got {tags!r}.")
-    return [float(follows_tag_format(c, tags)) for c in completions]
+    return tags
 
 
 def regex_format(
@@ -190,13 +207,19 @@ def regex_format(
       >>> regex_format(["q", "q"], ["-12", "12a"], pattern=r"-?\\d+")
       [1.0, 0.0]
     """
+    compiled = _regex_format_options(pattern=pattern)
+    return [float(compiled.fullmatch(c) is not None) for c in completions]
+
+
+def _regex_format_options(*, pattern: Any, **_: Any) -> re.Pattern[str]:
+    if not isinstance(pattern, str):
+        raise ValueError(f"regex_format: `pattern` must be a string, got {pattern!r}.")
     try:
-        compiled = re.compile(pattern, flags=re.DOTALL)
+        return re.compile(pattern, flags=re.DOTALL)
     except re.error as err:
         raise ValueError(
             f"regex_format: `pattern` {pattern!r} is not a valid regex: {err}."
         ) from None
-    return [float(compiled.fullmatch(c) is not None) for c in completions]
 
 
 def overlong(
@@ -219,6 +242,7 @@ def overlong(
       ...          completion_lengths=[70, 90, 120])
       [0.0, -0.5, -1.0]
     """
+    _overlong_options(max_length=max_length, buffer_length=buffer_length, factor=factor)
     lengths = _field(fields, lengths_field, len(completions), "overlong")
     penalty = overlong_penalty(
         np.asarray(lengths, np.float32),
@@ -228,6 +252,27 @@ def overlong(
     )
     return np.asarray(penalty, np.float64).tolist()
 
+
+def _overlong_options(*, max_length: Any, buffer_length: Any, factor: Any = 1.0, **_: Any) -> None:
+    try:  # the formula's own checks, on no lengths
+        overlong_penalty(
+            np.zeros(0, np.float32),
+            max_length=max_length,
+            buffer_length=buffer_length,
+            factor=factor,
+        )
+    except ValueError as err:
+        raise ValueError(f"overlong: {err}") from None
+
+
+# the option checks each built-in runs first; the registry runs them when it binds the options
+BUILTIN_OPTION_CHECKS = {
+    "math_answer": _math_answer_options,
+    "exact_match": _exact_match_options,
+    "tag_format": _tag_format_options,
+    "regex_format": _regex_format_options,
+    "overlong": _overlong_options,
+}
 
 BUILTIN_REWARDS = {
     "math_answer": math_answer,

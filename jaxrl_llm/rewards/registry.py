@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from jaxrl_llm.config import ConfigError
-from jaxrl_llm.rewards.builtin import BUILTIN_REWARDS
+from jaxrl_llm.rewards.builtin import BUILTIN_OPTION_CHECKS, BUILTIN_REWARDS
 from jaxrl_llm.rewards.model_reward import reward_model
 
 # built-ins built once from their options when resolved (`fn(**kwargs)` returns the function)
@@ -131,6 +131,14 @@ def import_callable(path: str) -> RewardFn:
     return obj
 
 
+def _binds(fn: Callable[..., Any], kwargs: dict[str, Any]) -> bool:
+    try:
+        inspect.signature(fn).bind(**kwargs)
+    except TypeError:
+        return False
+    return True
+
+
 def _check_kwargs(fn: RewardFn, kwargs: dict[str, Any], spec: str) -> None:
     try:
         params = inspect.signature(fn).parameters
@@ -204,5 +212,8 @@ def resolve_reward_function(config: RewardFunctionConfig) -> RewardFunction:
             "'module:function'."
         )
     _check_kwargs(fn, config.kwargs, spec)
+    check = BUILTIN_OPTION_CHECKS.get(spec)
+    if check is not None and _binds(check, config.kwargs):  # a missing option: check_reward_call
+        check(**config.kwargs)  # bad option values now, not as failures of every call
     bound = functools.partial(fn, **config.kwargs) if config.kwargs else fn
     return RewardFunction(name=name, fn=bound, weight=float(config.weight))

@@ -81,6 +81,26 @@ def test_unknown_options_are_rejected_with_a_suggestion():
         )
 
 
+@pytest.mark.parametrize(
+    ("fn", "kwargs", "message"),
+    [
+        ("overlong", {"max_length": 10, "buffer_length": 0}, "`buffer_length` must be > 0.0"),
+        ("overlong", {"max_length": 10, "buffer_length": 20}, "must be <= `max_length` (10)"),
+        ("regex_format", {"pattern": 5}, "regex_format: `pattern` must be a string, got 5."),
+        ("regex_format", {"pattern": "("}, "is not a valid regex"),
+        ("tag_format", {"tags": "answer"}, "got the string 'answer' (write [answer])"),
+        ("math_answer", {"extract": "box"}, "math_answer: `extract` must be one of"),
+        ("exact_match", {"extract": "x"}, "exact_match: `extract` must be one of"),
+    ],
+)
+def test_bad_option_values_of_builtins_fail_when_resolved(fn, kwargs, message):
+    """Not at every call, where each batch's scoring failed and the run went on with failure
+    scores."""
+    with pytest.raises(ValueError) as err:
+        resolve_reward_function(RewardFunctionConfig(fn=fn, kwargs=kwargs))
+    assert message in str(err.value)
+
+
 def test_reward_config_builds_from_yaml_shaped_data():
     cfg = build(
         RewardConfig,

@@ -108,6 +108,11 @@ def test_bad_values_are_one_line_errors_before_any_compilation(
             ["rewards.functions=[{fn: 'math:sqrt'}]"],
             "reward function 'sqrt' must take (prompts, completions, **fields): it takes (x, /).",
         ),
+        # a built-in's option value: refused at once, not as a failure of every batch
+        (
+            ["rewards.functions=[{fn: overlong, kwargs: {max_length: 4, buffer_length: 0}}]"],
+            "overlong: overlong_penalty: `buffer_length` must be > 0.0, got 0.0.",
+        ),
         # a mistyped checkpoint, named as such (it was reported as a tokenizer directory)
         (
             ["model={checkpoint: /no/such/model}", "tokenizer.path=null"],

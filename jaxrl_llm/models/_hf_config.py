@@ -29,6 +29,9 @@ _HF_ACTIVATION = {ours: theirs for theirs, ours in _ACTIVATIONS.items()}
 _NO_SLIDING = ("llama", "gemma")  # families whose transformers attention has no window
 
 
+_GEMMA_2_3 = ("gemma2", "gemma3_text")
+
+
 def _parse(hf_config: Any) -> dict[str, Any]:
     """A normalised `config.json` mapping (unknown families rejected before transformers sees them)."""
     import transformers
@@ -47,7 +50,10 @@ def _parse(hf_config: Any) -> dict[str, Any]:
         raise ValueError(_unsupported_family(family))
     if raw is not None:
         kwargs = {k: v for k, v in raw.items() if k != "model_type"}
-        hf_config = transformers.AutoConfig.for_model(family, **kwargs)
+        try:  # transformers' own checks raise KeyError / TypeError for some keys (rope's)
+            hf_config = transformers.AutoConfig.for_model(family, **kwargs)
+        except (KeyError, TypeError) as err:
+            raise ValueError(f"{family} config: {err}") from err
     return hf_config.to_dict()
 
 
@@ -121,10 +127,11 @@ def from_hf(hf_config: Any) -> ModelConfig:
         sliding_window=d.get("sliding_window") if sliding else None,
         attention_bias=bool(d.get("attention_bias", False)) and family != "qwen2",
         tie_embeddings=bool(d.get("tie_word_embeddings", False)),
-        query_pre_attn_scalar=d.get("query_pre_attn_scalar"),
-        # transformers' Gemma 3 reads the key but never soft-caps attention with it
-        attn_logit_softcap=None if family == "gemma3_text" else d.get("attn_logit_softcapping"),
-        final_logit_softcap=d.get("final_logit_softcapping"),
+        # only Gemma 2 and 3 use these keys in transformers (a stray one elsewhere is ignored
+        # there, so here too); Gemma 3 reads the attention soft-cap but never applies it
+        query_pre_attn_scalar=d.get("query_pre_attn_scalar") if family in _GEMMA_2_3 else None,
+        attn_logit_softcap=d.get("attn_logit_softcapping") if family == "gemma2" else None,
+        final_logit_softcap=d.get("final_logit_softcapping") if family in _GEMMA_2_3 else None,
         max_position_embeddings=d.get("max_position_embeddings") or 8192,
         bos_token_id=d.get("bos_token_id"),
         eos_token_id=tuple(eos) if isinstance(eos, list) else eos,
@@ -202,6 +209,11 @@ def hf_kwargs(cfg: ModelConfig, *, dtype: str = "float32") -> dict[str, Any]:
     ValueError names what `transformers` cannot express (checked when a run's config loads)."""
     if cfg.family == "qwen2" and cfg.attention_bias:
         raise ValueError("qwen2 has fixed biases (q, k, v); attention_bias must be False.")
+    if cfg.family == "gemma" and cfg.activation == "gelu":  # GemmaConfig rewrites it
+        raise ValueError(
+            "gemma: transformers' Gemma runs the tanh GELU whatever hidden_act says; use "
+            "activation 'gelu_tanh' (exact 'gelu' is for Gemma 2 and 3)."
+        )
     return {
         "vocab_size": cfg.vocab_size,
         "hidden_size": cfg.hidden_size,

@@ -34,6 +34,16 @@ _ARCHITECTURES = {
     "gemma2": "Gemma2ForCausalLM",
     "gemma3_text": "Gemma3ForCausalLM",
 }
+# the reward-model / critic class (transformers' MODEL_FOR_SEQUENCE_CLASSIFICATION names):
+# text-only Gemma 3's is Gemma3Text…, Gemma3ForSequenceClassification being the multimodal one
+_SCORER_ARCHITECTURES = {
+    "llama": "LlamaForSequenceClassification",
+    "qwen2": "Qwen2ForSequenceClassification",
+    "qwen3": "Qwen3ForSequenceClassification",
+    "gemma": "GemmaForSequenceClassification",
+    "gemma2": "Gemma2ForSequenceClassification",
+    "gemma3_text": "Gemma3TextForSequenceClassification",
+}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -156,6 +166,11 @@ class ModelConfig:
     def architecture(self) -> str:
         """The `transformers` class name written to `config.json` (`architectures`)."""
         return _ARCHITECTURES[self.family]
+
+    @property
+    def scorer_architecture(self) -> str:
+        """The `*ForSequenceClassification` class name of a `ValueModel` export."""
+        return _SCORER_ARCHITECTURES[self.family]
 
     @classmethod
     def from_hf(cls, hf_config: Any) -> ModelConfig:

@@ -285,7 +285,7 @@ def save_pretrained(
     config = model.config
     if isinstance(model, ValueModel):
         maps = _model_maps(config, "value")
-        architecture = config.architecture.replace("ForCausalLM", "ForSequenceClassification")
+        architecture = config.scorer_architecture
     elif not model.has_lm_head and not config.tie_embeddings:
         raise ValueError("save_pretrained: this Decoder has no lm_head (built with lm_head=False).")
     else:

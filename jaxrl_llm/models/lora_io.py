@@ -47,6 +47,10 @@ _UNSUPPORTED = {
     "rank_pattern": {},
     "alpha_pattern": {},
     "modules_to_save": None,
+    "lora_bias": False,  # a bias on B
+    "trainable_token_indices": None,  # embedding rows trained as deltas
+    "layer_replication": None,
+    "target_parameters": None,  # adapters on parameters (MoE experts), not modules
 }
 
 
@@ -184,7 +188,8 @@ def load_lora_adapter(model: Decoder, path: str | pathlib.Path) -> Decoder:
 
     Raises:
       ValueError: `model` is not a `Decoder` without adapters, the adapter is not supported
-        (`read_lora_config`), or a tensor is missing or has the wrong shape (named).
+        (`read_lora_config`), a tensor is missing or has the wrong shape, or the file holds
+        tensors the adapters do not use (all named).
 
     Examples:
       >>> import tempfile
@@ -205,12 +210,14 @@ def load_lora_adapter(model: Decoder, path: str | pathlib.Path) -> Decoder:
     tensors = load_file(str(pathlib.Path(path) / WEIGHTS_FILE))
     add_lora(model, config, rngs=nnx.Rngs(0))  # shapes and metadata; the values follow
     modules = _module_names(model.config, model.config.num_layers)
+    used = set()
     for name, sides in _adapters(model).items():
         for side, param in sides.items():
             value = param[...]
             layers = []
             for module in modules[name]:
                 key = f"{_PREFIX}{module}.{_SIDES[side]}"
+                used.add(key)
                 if key not in tensors:
                     raise ValueError(f"load_lora_adapter: {WEIGHTS_FILE} lacks {key}.")
                 expected = _TO_PEFT[side](np.zeros(value.shape[1:])).shape
@@ -221,6 +228,13 @@ def load_lora_adapter(model: Decoder, path: str | pathlib.Path) -> Decoder:
                     )
                 layers.append(_FROM_PEFT[side](tensors[key], value.shape[1:]))
             param.set_value(jnp.asarray(np.stack(layers), value.dtype))
+    unused = sorted(set(tensors) - used)
+    if unused:  # e.g. LoRA biases, token deltas, or the layers of a deeper model
+        shown = ", ".join(unused[:3]) + (f" and {len(unused) - 3} more" if len(unused) > 3 else "")
+        raise ValueError(
+            f"load_lora_adapter: {WEIGHTS_FILE} holds tensors this model's adapters do not use: "
+            f"{shown}."
+        )
     return model
 
 

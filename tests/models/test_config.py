@@ -52,3 +52,32 @@ def test_family_traits():
     assert all(c.norm_plus_one == c.embed_scale == f.startswith("gemma") for f, c in traits.items())
     assert traits["gemma2"].attention_scale == 16**-0.5
     assert traits["gemma3_text"].local_rope == RopeConfig(theta=10000.0)
+
+
+def test_keys_transformers_ignores_for_a_family_are_ignored_here_too():
+    """A stray Gemma 2 key in a Llama / Qwen / Gemma 1 config.json changed our logits (0.2-6.0
+    off transformers') while transformers never reads it for that family."""
+    stray = {
+        "query_pre_attn_scalar": 1,
+        "attn_logit_softcapping": 0.5,
+        "final_logit_softcapping": 0.5,
+    }
+    for family in ("llama", "qwen2", "qwen3", "gemma"):
+        plain = ModelConfig.from_hf(hf_config(family).to_dict())
+        assert ModelConfig.from_hf({**hf_config(family).to_dict(), **stray}) == plain, family
+    gemma2 = ModelConfig.from_hf({**hf_config("gemma2").to_dict(), **stray})
+    assert (gemma2.query_pre_attn_scalar, gemma2.attn_logit_softcap) == (1, 0.5)
+    assert gemma2.final_logit_softcap == 0.5
+
+
+def test_what_transformers_would_rewrite_or_reject_is_a_value_error():
+    import dataclasses
+
+    gemma = ModelConfig.from_hf(hf_config("gemma"))
+    with pytest.raises(ValueError, match="Gemma runs the tanh GELU whatever hidden_act says"):
+        dataclasses.replace(gemma, activation="gelu").to_hf_dict()
+    linear_without_factor = {"rope_type": "linear", "rope_theta": 1e4}
+    with pytest.raises(ValueError, match=r"llama config: .*factor"):  # a KeyError in transformers
+        ModelConfig.from_hf(
+            {**hf_config("llama").to_dict(), "rope_parameters": linear_without_factor}
+        )

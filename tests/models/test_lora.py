@@ -215,10 +215,25 @@ def test_unsupported_peft_adapters_are_refused_by_name(tmp_path):
         ("layers_to_transform", [0], "`layers_to_transform` = \\[0\\] is not supported"),
         ("target_modules", "q_proj|v_proj", "must be a list of module names"),
         ("target_modules", ["lm_head"], "unknown `targets`"),
+        ("lora_bias", True, "`lora_bias` = True is not supported"),
+        ("trainable_token_indices", [1, 2], "`trainable_token_indices` = \\[1, 2\\] is not"),
     ]:
         (out / CONFIG_FILE).write_text(json.dumps({**written, key: value}))
         with pytest.raises(ValueError, match=message):
             load_lora_adapter(nnx.clone(base), out)
     (out / CONFIG_FILE).write_text(json.dumps(written))
+    # a tensor the adapters do not use (a B bias, a deeper model's layer) is not dropped
+    from safetensors.numpy import load_file, save_file
+
+    from jaxrl_llm.models.lora_io import WEIGHTS_FILE
+
+    tensors = load_file(str(out / WEIGHTS_FILE))
+    extra = "base_model.model.model.layers.0.self_attn.q_proj.lora_B.bias"
+    save_file({**tensors, extra: np.zeros(4, np.float32)}, str(out / WEIGHTS_FILE))
+    with pytest.raises(
+        ValueError, match=r"tensors this model's adapters do not use: .*lora_B\.bias"
+    ):
+        load_lora_adapter(nnx.clone(base), out)
+    save_file(tensors, str(out / WEIGHTS_FILE))
     with pytest.raises(ValueError, match="without LoRA adapters"):
         load_lora_adapter(model, out)

@@ -93,3 +93,21 @@ def test_remat_gives_the_same_gradients(hf_checkpoints, remat):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="remat must be"):
         Decoder(from_pretrained(path).config, remat="some", rngs=nnx.Rngs(0))
+
+
+def test_every_family_exports_its_reward_model_as_the_text_scorer_class():
+    """The `architectures` of a ValueModel export is transformers' sequence-classification
+    class of the family: Gemma 3 (text) once wrote the multimodal Gemma3ForSequenceClassification,
+    which tools that read `architectures` (vLLM, getattr(transformers, name)) cannot load."""
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
+    )
+
+    from jaxrl_llm.models import ModelConfig
+    from jaxrl_llm.models._hf_config import SUPPORTED_FAMILIES
+
+    for family in SUPPORTED_FAMILIES:
+        cfg = ModelConfig(family=family, vocab_size=8, hidden_size=8, intermediate_size=8,
+                          num_layers=1, num_heads=2, num_kv_heads=1, head_dim=4)  # fmt: skip
+        assert cfg.scorer_architecture == MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES[family]
+        assert hasattr(transformers, cfg.scorer_architecture)

@@ -30,11 +30,14 @@ class ConfigError(ValueError):
 class _ConfigLoader(yaml.SafeLoader):
     """YAML's safe loader with two changes for configs: `1e-3` is a float (YAML 1.1, which
     PyYAML follows, needs a dot: `1.0e-3`; a learning rate written `1e-3` was the string
-    '1e-3'), and a key repeated in one mapping is an error (PyYAML kept the last silently)."""
+    '1e-3'), and a key repeated in one mapping is an error (PyYAML kept the last silently).
+    Merge keys (`<<: *anchor`) merge as in YAML, the mapping's own keys winning."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         first: dict[Any, yaml.Mark] = {}
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor`: merged below
+                continue
             key = self.construct_object(key_node, deep=deep)
             if isinstance(key, typing.Hashable) and key in first:
                 raise yaml.constructor.ConstructorError(
@@ -66,8 +69,20 @@ def parse_yaml(text: str) -> Any:
       ...
       yaml.constructor.ConstructorError: duplicate key 'steps' (first at line 1)
       ...
+      >>> parse_yaml("base: &b {lr: 1}\\nrun: {<<: *b, steps: 2}")["run"]
+      {'lr': 1, 'steps': 2}
     """
-    return yaml.load(text, Loader=_ConfigLoader)
+    return _unshared(yaml.load(text, Loader=_ConfigLoader))
+
+
+def _unshared(value: Any) -> Any:
+    """A copy in which no two places share a mapping or list: YAML aliases (`*anchor`) load as
+    one shared object, and an override of one place would change every alias."""
+    if isinstance(value, dict):
+        return {k: _unshared(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_unshared(v) for v in value]
+    return value
 
 
 def load_yaml(path: str | pathlib.Path) -> dict[str, Any]:
@@ -76,7 +91,11 @@ def load_yaml(path: str | pathlib.Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        data = parse_yaml(path.read_text()) or {}
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"{path}: cannot read the config file ({error}).") from None
+    try:
+        data = parse_yaml(text) or {}
     except yaml.YAMLError as error:  # one line: where the YAML breaks and why
         mark = getattr(error, "problem_mark", None)
         at = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""

@@ -594,8 +594,10 @@ def _validate(cfg: RunConfig) -> None:
             f"(reward-model training), got {', '.join(kinds) or 'none'}."
         )
     _validate_parallel(cfg)
-    if cfg.seed < 0:
-        raise ConfigError(f"seed: must be >= 0, got {cfg.seed}.")
+    if not 0 <= cfg.seed < 2**62:  # jax.random.key takes a C long; the run adds offsets
+        raise ConfigError(f"seed: must lie in [0, 2**62), got {cfg.seed}.")
+    if cfg.run_dir is not None and not str(cfg.run_dir).strip():  # an unset $RUN, say
+        raise ConfigError("run_dir: must name a directory, got an empty path.")
     _validate_model(cfg)
     if cfg.algorithm is not None:
         _validate_algorithm(cfg, cfg.algorithm)

@@ -97,6 +97,25 @@ def test_load_yaml_errors(tmp_path):
         load_yaml(twice)
 
 
+def test_yaml_anchors_merge_keys_and_unreadable_files(tmp_path):
+    """Merge keys were refused as invalid YAML; an alias was one object shared by every place
+    that named it, so an override of one changed them all; a file in another encoding raised
+    a UnicodeDecodeError without the file's name."""
+    path = tmp_path / "anchors.yaml"
+    path.write_text(
+        "lora: &l {rank: 8, alpha: 16}\ncritic: *l\nbase: &b {lr: 1, steps: 3}\n"
+        "run: {<<: *b, steps: 5}\n"
+    )
+    data = load_yaml(path)
+    assert data["run"] == {"lr": 1, "steps": 5}  # the mapping's own key wins
+    data["lora"]["rank"] = 2
+    assert data["critic"] == {"rank": 8, "alpha": 16}
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes("name: caf\xe9\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=r"latin.yaml: cannot read the config file"):
+        load_yaml(latin)
+
+
 def test_exponent_notation_is_a_number_in_files_as_in_overrides(tmp_path):
     """YAML 1.1 reads `1e-3` (no dot) as a string; a config reads it as the number it means,
     in a file and inside an override's flow mapping alike."""

@@ -75,6 +75,7 @@ def nothing_built(monkeypatch):
         # wrong types and values
         ("train.eval_pass_k=3", "train.eval_pass_k: expected a list, got int."),
         ("optim.name=adamm", "optim.name: must be one of 'adamw', 'adam', 'lion', 'sgd'"),
+        ("seed=18446744073709551616", "seed: must lie in [0, 2**62), got 18446744073709551616."),
         (
             "optim.critic_learning_rate=1e-5",
             "optim.critic_learning_rate: is the PPO critic's learning rate, and this run has no "
@@ -241,3 +242,11 @@ def test_a_bad_data_line_is_one_line_error_naming_file_and_line(
     err = user_error(capsys, ["train", GRPO, *BASE, *data, "--run-dir", str(tmp_path / "run")])
     assert err.startswith(f"jaxrl-llm train: {path}, {message}"), err
     assert "(on_bad_record='fail'; set it to 'skip' to leave bad records out)" in err
+
+
+def test_an_empty_run_dir_is_refused_not_the_current_directory(capsys, tmp_path, monkeypatch):
+    """`--run-dir "$RUN"` with RUN unset trained into the working directory."""
+    monkeypatch.chdir(tmp_path)
+    err = user_error(capsys, ["train", GRPO, *BASE, "--run-dir", ""])
+    assert "run_dir: must name a directory, got an empty path." in err
+    assert list(tmp_path.iterdir()) == []

@@ -317,7 +317,7 @@ def prepare_run(config: RunConfig, *, resume: bool = False) -> PreparedRun:
     restart = _check_run_dir(run_dir, resume)
     wait_for_all_processes("jaxrl_llm: run directory checked")  # before any process writes
     with jax.set_mesh(mesh):  # placing and initialising sharded arrays needs the mesh
-        context, state, info = build_context(config, mesh, run_dir)
+        context, state, info = build_context(config, mesh, run_dir, resume=resume and not restart)
     checkpointer = Checkpointer.from_config(run_dir / CHECKPOINT_DIR, config.checkpoint)
     data = IteratorState(seed=config.data.seed, epoch=0, position=0)
     start, meta, skips = 0, {}, SkipTracker()
@@ -349,6 +349,22 @@ def prepare_run(config: RunConfig, *, resume: bool = False) -> PreparedRun:
         skips = SkipTracker(int(meta["skips_consecutive"]), int(meta["skips_total"]))
         changed = _config_changes(meta.get("config", {}), config_to_dict(config))
         changed = [k for k in changed if k not in ("train.steps", "run_dir")]
+        seeds = [k for k in changed if k in ("seed", "data.seed")]
+        if seeds:  # the data order and the update's key come from the checkpoint
+            checkpointer.close()
+            raise ConfigError(
+                f"{seeds[0]}: a resumed run keeps the seeds it started with (the data order and "
+                "the shuffling key are in its checkpoint, the sampling keys follow the seed); "
+                f"got {seeds[0]} = {_dotted(config_to_dict(config), seeds[0])!r}, the "
+                f"checkpoint's is {_dotted(meta['config'], seeds[0])!r}."
+            )
+        if config.algorithm is not None and config.algorithm.kl.target is None:
+            # a fixed β is the config's, also when changed on resume (the checkpoint holds the
+            # value it had; an adaptive controller's β is state and continues)
+            fixed = kl_controller(config.algorithm.kl).init()
+            state = state._replace(
+                kl=place_global(fixed, jax.tree.map(lambda x: x.sharding, state.kl))
+            )
         if changed:
             log.warning(
                 "resuming step %d with a config that differs from the checkpoint's in: %s",
@@ -356,6 +372,12 @@ def prepare_run(config: RunConfig, *, resume: bool = False) -> PreparedRun:
                 ", ".join(changed),
             )
     return PreparedRun(context, state, data, start, checkpointer, meta, skips, info)
+
+
+def _dotted(tree: dict[str, Any], key: str) -> Any:
+    for part in key.split("."):
+        tree = tree.get(part) if isinstance(tree, dict) else None
+    return tree
 
 
 def _resumed_data(data: IteratorState, meta: dict[str, Any], ctx: RunContext) -> IteratorState:
@@ -381,7 +403,12 @@ def _resumed_data(data: IteratorState, meta: dict[str, Any], ctx: RunContext) ->
 
 
 def build_context(
-    config: RunConfig, mesh: Any, run_dir: pathlib.Path, *, with_warm_start: bool = True
+    config: RunConfig,
+    mesh: Any,
+    run_dir: pathlib.Path,
+    *,
+    with_warm_start: bool = True,
+    resume: bool = False,
 ) -> tuple[RunContext, TrainState, dict[str, Any]]:
     """The run context, the initial train state (placed on `mesh`) and setup facts.
 
@@ -391,6 +418,8 @@ def build_context(
       run_dir: the run directory.
       with_warm_start: run (or load) the configured warm start; False starts from the model as
         configured (e.g. to evaluate a checkpoint, whose parameters replace these anyway).
+      resume: a checkpoint's state will replace this one: the warm start loads the run's own
+        cache (`warm_start_policy`).
 
     Returns:
       `(context, state, info)`.
@@ -434,7 +463,15 @@ def build_context(
     }
     if config.warm_start is not None and with_warm_start:
         params["policy"], frozen["policy"], ws_info = warm_start_policy(
-            config, task, tokenizer, graphs, params["policy"], frozen["policy"], mesh, run_dir
+            config,
+            task,
+            tokenizer,
+            graphs,
+            params["policy"],
+            frozen["policy"],
+            mesh,
+            run_dir,
+            resume=resume,
         )
         info.update(ws_info)
     algorithm = config.algorithm

@@ -9,7 +9,10 @@ The fine-tuned trainable parameters are saved under `run_dir/warm_start/<hash>/`
 checkpoint, bit-exact), the hash covering everything they depend on (model, tokenizer, data,
 prompt and completion budgets, trainable patterns, seed, warm-start settings). A later run in
 the same run directory with the same hash, a resumed run included, loads them instead of
-training again; a different hash trains again and replaces the old cache.
+training again; a fresh run with a different hash trains again and replaces the old cache.
+A resumed run keeps the warm start it started from, whose parameters are its KL reference: if
+its config now hashes otherwise (say `data.arithmetic.train_size` was raised), it loads the
+run's cache with a warning instead of training another reference.
 """
 
 from __future__ import annotations
@@ -71,6 +74,8 @@ def warm_start_policy(
     frozen: Any,
     mesh: Any,
     run_dir: pathlib.Path,
+    *,
+    resume: bool = False,
 ) -> tuple[Any, Any, dict[str, float]]:
     """The warm-started trainable policy parameters (loaded from the cache or trained), and
     the frozen ones to use from now on.
@@ -84,6 +89,8 @@ def warm_start_policy(
       frozen: the frozen policy parameters.
       mesh: the device mesh.
       run_dir: the run directory (the cache is `run_dir/warm_start`).
+      resume: the run continues from a checkpoint: the run's own cache is loaded even when
+        the config now hashes otherwise (module docstring), and never removed.
 
     Returns:
       `(params, frozen, info)` with `info = {"warm_start/cached": 0 or 1,
@@ -109,10 +116,20 @@ def warm_start_policy(
     root = run_dir / WARM_START_DIR
     directory = root / warm_start_hash(config)
     target = {"policy": params}
-    with Checkpointer(directory, save_every=1, keep=1, async_save=False) as cache:
+    own = directory
+    if resume and not _has_checkpoint(directory):
+        earlier = [d for d in sorted(root.iterdir()) if _has_checkpoint(d)] if root.is_dir() else []
+        if earlier:  # the reference this run has trained against so far
+            own = earlier[-1]
+            log.warning(
+                "warm start: the config's warm start differs from the one this run started "
+                "from; resuming keeps the run's own (%s) as the reference",
+                own,
+            )
+    with Checkpointer(own, save_every=1, keep=1, async_save=False) as cache:
         if cache.latest_step() is not None:
             restored, meta = cache.restore(target_state=target)
-            log.info("warm start: loaded the fine-tuned parameters from %s", directory)
+            log.info("warm start: loaded the fine-tuned parameters from %s", own)
             return restored["policy"], frozen, {"warm_start/cached": 1.0, **meta}
         for stale in root.iterdir():  # parameters of other configurations
             if stale.is_dir() and stale != directory:
@@ -121,6 +138,14 @@ def warm_start_policy(
         trained, frozen, info = _train(config, task, tokenizer, graphs, params, frozen, mesh)
         cache.save(section.steps, {"policy": trained}, info)
     return trained, frozen, {"warm_start/cached": 0.0, **info}
+
+
+def _has_checkpoint(directory: pathlib.Path) -> bool:
+    """Whether a warm-start cache directory holds its saved parameters."""
+    if not directory.is_dir():
+        return False
+    with Checkpointer(directory, save_every=1, keep=1, async_save=False) as cache:
+        return cache.latest_step() is not None
 
 
 def _train(

@@ -17,6 +17,7 @@ import pytest
 from jaxrl_llm import metrics_log
 from jaxrl_llm.checkpoint import Checkpointer
 from jaxrl_llm.cli import main
+from jaxrl_llm.config import ConfigError
 from jaxrl_llm.data import IteratorState
 from jaxrl_llm.runner import load_run_config, prepare_run, train
 from tests.compile_settings import fast_compile_env
@@ -55,6 +56,17 @@ def _check_resume_with_other_data(run_dir, caplog):
     prepared.checkpointer.close()
     assert prepared.data == IteratorState(seed=0, epoch=1, position=0)
     assert "walked 32 examples, the data now holds 40" in caplog.text, caplog.text
+    # a fixed KL coefficient changed on resume applies (the restored β once won silently)
+    stronger = [*SIX, "train.steps=3", "algorithm.kl.coef=0.5"]
+    prepared = prepare_run(load_run_config(GRPO, stronger, run_dir=run_dir), resume=True)
+    prepared.checkpointer.close()
+    assert float(prepared.state.kl.beta) == 0.5
+    # another seed on resume would apply halfway (the order and update key are checkpointed)
+    for override, message in (("data.seed=5", "data.seed: a resumed run keeps the seeds"),
+                              ("seed=3", "seed: a resumed run keeps the seeds")):  # fmt: skip
+        config = load_run_config(GRPO, [*SIX, "train.steps=3", override], run_dir=run_dir)
+        with pytest.raises(ConfigError, match=message):
+            prepare_run(config, resume=True)
 
 
 def _check_resume_of_a_finished_run(run_dir):

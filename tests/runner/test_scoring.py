@@ -208,6 +208,14 @@ def test_warm_start_is_cached_and_reused(tmp_path):
     third = json.loads((tmp_path / "summary.json").read_text())
     assert third["setup"]["warm_start/cached"] == 0.0
     assert len(list((tmp_path / "warm_start").iterdir())) == 1
+    # resumed with a config that hashes otherwise (more data): the run keeps its own warm
+    # start, its KL reference, instead of training another and deleting its cache
+    cache = list((tmp_path / "warm_start").iterdir())
+    more = [*changed, "data.arithmetic.train_size=40", "train.steps=2"]
+    assert main(["train", GRPO, *more, "--resume", "--run-dir", str(tmp_path)]) == 0
+    fourth = json.loads((tmp_path / "summary.json").read_text())
+    assert fourth["setup"]["warm_start/cached"] == 1.0
+    assert list((tmp_path / "warm_start").iterdir()) == cache
 
 
 def test_a_packed_warm_start_trains_as_the_padded_one(tmp_path):

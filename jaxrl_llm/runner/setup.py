@@ -337,6 +337,13 @@ def prepare_run(config: RunConfig, *, resume: bool = False) -> PreparedRun:
         except BaseException:
             checkpointer.close()  # release orbax's threads before the error reaches the user
             raise
+        missing = [k for k in ("step", "data", "skips_consecutive", "skips_total") if k not in meta]
+        if missing:  # e.g. a checkpoint written by a loop of one's own
+            checkpointer.close()
+            raise ConfigError(
+                f"--resume: the checkpoint in {run_dir / CHECKPOINT_DIR} was not written by "
+                f"`jaxrl-llm train`: its metadata lacks {', '.join(missing)}."
+            )
         data = _resumed_data(IteratorState.from_dict(meta["data"]), meta, context)
         start = int(meta["step"])
         if start > config.train.steps:

@@ -57,7 +57,9 @@ class GracefulStop:
     def __enter__(self) -> GracefulStop:
         if threading.current_thread() is threading.main_thread():
             for signum in _SIGNALS:
-                self._previous[signum] = signal.signal(signum, self._handle)
+                previous = signal.signal(signum, self._handle)
+                # None: a handler installed outside Python, which Python cannot reinstall
+                self._previous[signum] = signal.SIG_DFL if previous is None else previous
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -149,3 +149,22 @@ def test_model_checkpoint_with_a_truncated_weights_file(capsys, tmp_path, hf_che
     weights.write_bytes(weights.read_bytes()[:-100])
     err = _train_from(capsys, copy, tmp_path / "run")
     assert "model.safetensors: truncated or corrupt" in err, err
+
+
+def test_resume_from_a_checkpoint_of_another_loop_names_its_missing_metadata(
+    capsys, tmp_path, reference_run, monkeypatch
+):
+    """A checkpoint of the same model written by a loop of one's own (docs/
+    checkpoints_and_metrics.md) restored, then failed with a KeyError traceback."""
+    from jaxrl_llm.checkpoint import Checkpointer
+
+    run_dir = copy_run(reference_run, tmp_path / "run")
+    restore = Checkpointer.restore
+
+    def without_loop_metadata(self, *args, **kwargs):
+        state, meta = restore(self, *args, **kwargs)
+        return state, {"step": meta["step"]}
+
+    monkeypatch.setattr(Checkpointer, "restore", without_loop_metadata)
+    err = _resume(capsys, run_dir)
+    assert "was not written by `jaxrl-llm train`: its metadata lacks data, skips_consecutive" in err

@@ -21,6 +21,7 @@ construction.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import pathlib
 from collections.abc import Callable
@@ -235,7 +236,8 @@ def export_policy(
     base_model: str | None = None,
 ) -> pathlib.Path:
     """Write the policy `merge(graphs.policy, params, frozen)` as a Hugging Face checkpoint
-    (a `ValueModel`: a `*ForSequenceClassification` one), with the run's tokenizer files when
+    (a `ValueModel`: a `*ForSequenceClassification` one, its `pad_token_id` the tokenizer's
+    when the model's config has none), with the run's tokenizer files when
     it is a `transformers` tokenizer, so that the directory is a complete `model.checkpoint`
     (tokenizer included) for the next stage; the byte tokenizer has no files (the next stage
     sets `tokenizer.path: byte`). A policy with LoRA adapters is written merged, and its
@@ -261,6 +263,11 @@ def export_policy(
     if not is_main_process():  # one writer per job
         return path
     policy = nnx.merge(graphs.policy, params, frozen)
+    pad = getattr(tokenizer, "pad_id", None)
+    if isinstance(policy, ValueModel) and policy.config.pad_token_id is None and pad is not None:
+        # transformers' *ForSequenceClassification finds each row's last token by the pad id
+        # and refuses batches of more than one without it (TRL's reward trainer sets it too)
+        policy.config = dataclasses.replace(policy.config, pad_token_id=int(pad))
     save_pretrained(policy, path, dtype=None if dtype is None else DTYPES[dtype])
     if isinstance(tokenizer, HFTokenizer):
         tokenizer.tokenizer.save_pretrained(str(path))

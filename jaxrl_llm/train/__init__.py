@@ -76,7 +76,12 @@ from jaxrl_llm.train.logprobs import (
     make_logprob_fn,
     make_value_fn,
 )
-from jaxrl_llm.train.metrics import MicroStats, micro_batch_stats, reduce_stats
+from jaxrl_llm.train.metrics import (
+    MicroStats,
+    micro_batch_stats,
+    reduce_stats,
+    with_derived_margin,
+)
 from jaxrl_llm.train.objectives import Objective, SFTConfig, rl_objective, sft_objective
 from jaxrl_llm.train.optim import (
     OPTIMIZERS,
@@ -260,4 +265,5 @@ __all__ = [
     "update_step",
     "update_unit_orders",
     "weight_decay_mask",
+    "with_derived_margin",
 ]

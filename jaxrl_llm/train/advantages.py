@@ -88,7 +88,8 @@ def compute_advantages(
     Args:
       config: the algorithm.
       rewards: `[N]` sequence scores (verifiers / reward models, after any shaping).
-      completion_mask: `[N,T]` {0,1}.
+      completion_mask: `[N,T]` {0,1}; a row without tokens (a group the reward guard dropped)
+        enters no group or batch statistic and gets advantage 0.
       group_size: `G`, samples per prompt (rows `b·G … b·G + G − 1` share a prompt); the
         grouped estimators need `G >= 2`.
       old_logp: `[N,T]` behaviour-policy log-probs (KL in the reward).
@@ -142,8 +143,13 @@ def compute_advantages(
         raise ValueError(f"{where}: the 'gae' estimator needs the old critic `values`.")
 
     B = N // group_size
+    # a row without completion tokens is no sample: the rows of a group the reward guard dropped
+    # (`on_failure: drop_group`, their mask zeroed) enter no group or batch statistic
+    valid = jnp.sum(m, axis=1) > 0
+    grouped_valid = valid.reshape(B, group_size)
     if adv_cfg.drop_zero_variance:
-        keep = jnp.repeat(losses.zero_variance_mask(s.reshape(B, group_size)), group_size)
+        keep = losses.zero_variance_mask(s.reshape(B, group_size), valid=grouped_valid)
+        keep = jnp.repeat(keep, group_size)
     else:
         keep = jnp.ones((N,), bool)
     # the dropped groups leave every batch-wide statistic (batch std, whitening), as they would
@@ -161,7 +167,7 @@ def compute_advantages(
                 scale=adv_cfg.scale,
                 eps=adv_cfg.eps,
                 ddof=adv_cfg.ddof,
-                valid=keep.reshape(B, group_size) if adv_cfg.drop_zero_variance else None,
+                valid=(keep & valid).reshape(B, group_size),
             )
         else:
             a = losses.rloo_advantages(scores.reshape(B, group_size))
@@ -189,9 +195,11 @@ def compute_advantages(
         adv = losses.masked_whiten(adv, kept)
 
     if group_size >= 2:
-        metrics.update(losses.group_advantage_metrics(s.reshape(B, group_size)))
+        metrics.update(
+            losses.group_advantage_metrics(s.reshape(B, group_size), valid=grouped_valid)
+        )
     else:
-        metrics["adv/reward_mean"] = jnp.mean(s)
+        metrics["adv/reward_mean"] = losses.masked_mean(s, valid.astype(jnp.float32))
     metrics["adv/mean"] = losses.masked_mean(adv, kept)
     metrics["adv/std"] = jnp.sqrt(losses.masked_var(adv, kept, ddof=1))
     metrics["adv/kept_frac"] = jnp.mean(keep.astype(jnp.float32))

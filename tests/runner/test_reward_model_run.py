@@ -9,6 +9,8 @@ checkpoint that `fn: reward_model` scores RL completions with.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from flax import nnx
@@ -82,6 +84,8 @@ def test_a_reward_model_run_trains_resumes_evaluates_and_exports_a_scorer(tmp_pa
 
     # the export is the trained reward model, a scorer for RL and a critic's starting point
     export = straight / "export"
+    written = json.loads((export / "config.json").read_text())
+    assert written["pad_token_id"] == ByteTokenizer().pad_id  # batches in transformers need it
     loaded = from_pretrained(export, head="value")
     ours, theirs = nnx.state(loaded, nnx.Param), nnx.state(model, nnx.Param)
     for a, b in zip(nnx.to_flat_state(ours), nnx.to_flat_state(theirs), strict=True):

@@ -187,6 +187,37 @@ def test_dropped_groups_leave_the_batch_statistics(estimator):
     np.testing.assert_array_equal(np.asarray(out.advantages)[~keep], 0.0)
 
 
+def test_a_group_the_reward_guard_dropped_enters_no_statistic():
+    """`on_failure: drop_group` zeroes the group's completion mask but leaves its filler reward:
+    that reward entered the batch std of `scale: batch` (changing every other group's
+    advantages), `adv/reward_*` and `adv/frac_zero_std` (hiding the warning that every group
+    trained on has equal rewards)."""
+    mask, s, *_ = _inputs(7)
+    s[G : 2 * G] = 1.0  # the group trained on: equal rewards
+    s[2 * G :] = [0.0, 1.0, 0.5, 0.5]
+    s[:G] = [0.0, 0.0, 0.0, 1.0]  # the dropped group: filler and partial rewards
+    dropped = np.zeros(N, bool)
+    dropped[:G] = True
+    mask[dropped] = 0.0
+    grpo = preset("grpo")
+    batch_std = dataclasses.replace(
+        grpo, advantage=dataclasses.replace(grpo.advantage, scale="batch")
+    )
+    out = compute_advantages(batch_std, _f32(s), _f32(mask), group_size=G)
+    live = s[~dropped].reshape(-1, G)
+    ref = (live - live.mean(1, keepdims=True)) / (s[~dropped].std(ddof=1) + 1e-6)
+    np.testing.assert_allclose(
+        np.asarray(out.advantages)[~dropped], ref.reshape(-1, 1) * mask[~dropped], rtol=1e-5
+    )
+    np.testing.assert_array_equal(np.asarray(out.advantages)[dropped], 0.0)
+    m = out.metrics
+    assert float(m["adv/reward_mean"]) == pytest.approx(s[~dropped].mean())
+    assert float(m["adv/reward_std"]) == pytest.approx(s[~dropped].std(ddof=1), rel=1e-5)
+    assert float(m["adv/frac_zero_std"]) == pytest.approx(2 / 3)  # the dropped one counts too
+    dapo = compute_advantages(preset("dapo"), _f32(s), _f32(mask), group_size=G)
+    assert float(dapo.metrics["adv/kept_frac"]) == pytest.approx(1 / 3)  # only the spread group
+
+
 def test_input_errors():
     mask, s, *_ = _inputs()
     with pytest.raises(ValueError, match="needs group_size >= 2"):

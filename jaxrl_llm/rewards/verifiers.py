@@ -26,7 +26,8 @@ from typing import Literal
 ExtractMethod = Literal["auto", "boxed", "hash", "tag", "last_number", "full"]
 EXTRACT_METHODS: tuple[str, ...] = ("auto", "boxed", "hash", "tag", "last_number", "full")
 
-_NUMBER = r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?|[-+]?\.\d+"
+# thousands groups of exactly three digits (`1,2345` is the numbers 1 and 2345, not `1,234` and 5)
+_NUMBER = r"[-+]?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?|[-+]?\.\d+"
 _FRAC_RE = re.compile(r"^\\[dt]?frac\{([^{}]+)\}\{([^{}]+)\}$")
 _SLASH_RE = re.compile(rf"^({_NUMBER})\s*/\s*({_NUMBER})$")
 # a fraction (LaTeX or `a/b`) before a plain number, so that `-1/2` is one match, not `2`

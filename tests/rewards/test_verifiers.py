@@ -64,6 +64,7 @@ def test_extract_tag_and_last_number():
     assert extract_last_number("a 3.5e2 b") == "3.5e2"
     assert extract_last_number("total: -1,000,000 dollars") == "-1,000,000"
     assert extract_last_number("1,2,3") == "3"
+    assert extract_last_number("1,2345") == "2345"  # not a thousands group: 1 and 2345
     assert extract_last_number(".5 cups") == ".5"
     assert extract_last_number("nothing here") is None
     # a fraction is one number (not its denominator), a Unicode minus is a minus

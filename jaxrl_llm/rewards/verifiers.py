@@ -173,12 +173,7 @@ def parse_number(text: str) -> Fraction | None:
       >>> parse_number("12 apples") is None, parse_number("1/0") is None
       (True, True)
     """
-    s = text.strip()
-    for _ in range(3):  # nested wrappers such as \text{\textbf{5}}
-        wrapped = _WRAPPERS.match(s)
-        if not wrapped:
-            break
-        s = next(g for g in wrapped.groups() if g is not None).strip()
+    s = _unwrapped(text)  # nested wrappers such as \text{\textbf{5}} too
     s = s.replace("\\$", "").replace("$", "").replace("\\!", "").replace("\\,", "").strip()
     s = s.removesuffix(".").removesuffix("\\%").removesuffix("%").strip()
     s = s.replace("\u2212", "-")  # a Unicode minus
@@ -226,13 +221,16 @@ def answers_match(
 
     With `numeric=True` and both sides parsing as numbers (`parse_number`), they are compared
     exactly as rationals (`0.5` = `1/2` = `\\frac{1}{2}`); otherwise the normalised texts
-    (`normalize_text`) must be equal. A missing prediction (None) never matches.
+    (`normalize_text`; with `numeric=True` also without `\\text{}`-style wrappers) must be
+    equal. A missing prediction (None) never matches.
 
     Examples:
       >>> answers_match("1,000", "1000"), answers_match("0.50", r"\\frac{1}{2}")
       (True, True)
       >>> answers_match(None, "3"), answers_match("Paris.", "paris", ignore_case=True)
       (False, True)
+      >>> answers_match(r"\\text{Paris}", "Paris")  # MATH's text answers
+      True
     """
     if predicted is None:
         return False
@@ -240,9 +238,21 @@ def answers_match(
         a, b = parse_number(predicted), parse_number(reference)
         if a is not None and b is not None:
             return a == b
+        predicted, reference = _unwrapped(predicted), _unwrapped(reference)
     return normalize_text(predicted, ignore_case=ignore_case) == normalize_text(
         reference, ignore_case=ignore_case
     )
+
+
+def _unwrapped(text: str) -> str:
+    """`text` without enclosing `\\text{}` / `\\mathrm{}` / `\\textbf{}` wrappers (nested too)."""
+    s = text.strip()
+    for _ in range(3):
+        wrapped = _WRAPPERS.match(s)
+        if not wrapped:
+            break
+        s = next(g for g in wrapped.groups() if g is not None).strip()
+    return s
 
 
 def follows_tag_format(text: str, tags: Sequence[str] = ("think", "answer")) -> bool:

@@ -137,6 +137,12 @@ def test_answers_match_is_exact_for_numbers_and_normalised_for_text():
     assert answers_match("0.5", "1/2")
     assert answers_match("1,000", "1000.0")
     assert not answers_match("0.3333", "1/3")  # exact rationals, no tolerance
+    assert answers_match(r"\text{Paris}", "Paris") and math_answer(
+        ["q"], [r"\boxed{\text{Paris}}"], answer=["Paris"]
+    ) == [1.0]
+    assert not answers_match(
+        r"\text{Paris}", "Paris", numeric=False
+    )  # exact_match: texts as written
     assert not answers_match("72", "73")
     assert answers_match(" Paris. ", "Paris")
     assert not answers_match("paris", "Paris")

@@ -12,24 +12,29 @@ Notation: mesh `d × f × t` (data, fsdp, tensor), `n = d·f·t` devices; `B` pr
 each, `N = B·G` sequences of `S = P + T` tokens (prompt, completion); `m` sequences per
 micro-batch; `L` layers, `D` width, `F` MLP width, `H` / `K` query / KV heads of size `Hd`,
 `V` vocabulary. `‖x‖_dev` is the per-device share of `x` under the rule table (≈ `x / (f·t)`
-for weights). Bytes: `b_p` parameters, `b_o` optimizer moments, `b_c` compute (activations,
-KV cache, sampler weights).
+for weights). Bytes: `b_p` parameters (and their copies: reference, gathered sampler weights),
+`b_o` optimizer moments (by default `b_p`: optax's moments follow the parameters' dtype), `b_c`
+compute (activations, KV cache).
 
 Memory per device (bytes):
 
     params      = ‖W‖_dev · b_p
     optimizer   = 2 · ‖W‖_dev · b_o                    (AdamW: first and second moments)
+    accumulator = ‖W‖_dev · 4                          (micro-batches below an update: MultiSteps'
+                                                        float32 running mean of the gradients)
     gradients   = ‖W‖_dev · b_p                        (reduce-scattered onto the params' layout)
-    reference   = ‖W‖_dev · b_c                        (frozen KL reference, optional)
+    reference   = ‖W‖_dev · b_p                        (frozen KL reference, optional)
     layer_bufs  = 2 · ‖W_layer‖_t · b_c                (a layer gathered over fsdp, twice)
     activations = L · a_saved · m/(d·f) · S + a_layer (with remat) + logits
-    sampler     = ‖W‖_t · b_c                          (gathered over fsdp, split over tensor)
+    sampler     = ‖W‖_t · b_p                          (gathered over fsdp, split over tensor;
+                                                        0 on fsdp = 1 without adapters)
     kv_cache    = 2 · L · N/(d·f) · S · K_t · Hd · b_c (K_t = K/t if t divides K, else K)
 
 with `‖·‖_t` the share when split over tensor only. With LoRA adapters of rank `r`
 (`lora_rank`: every projection, `models.add_lora`; `‖A‖` their elements, named like their
 weights, with `dora` also DoRA's magnitudes, one per output feature): params = (‖W‖_dev + ‖A‖_dev)·b_p; optimizer, gradients and the reference hold the
-adapters only (2·‖A‖_dev·b_o, ‖A‖_dev·b_p, ‖A‖_dev·b_c); the sampler holds (‖W‖_t + ‖A‖_t)·b_c;
+adapters only (2·‖A‖_dev·b_o, ‖A‖_dev·b_p, ‖A‖_dev·b_p); the sampler holds (‖W‖_t + ‖A‖_t)·b_p
+(on fsdp = 1 the merged weights, ‖W‖_t·b_p);
 the update's matmuls take 4·W_mm instead of 6·W_mm FLOPs per token (no weight gradient of the
 base), and only the adapters' gradients are reduced. Saved activations per token and layer
 (`H_t = H/t`, `F_t = F/t`): without remat
@@ -55,9 +60,10 @@ tokens for the rollout's values, `6·C_mm` (LoRA: `4·C_mm`) plus the attention 
 in the update, and its gathers, gradient reductions and activation all-reduces beside the
 policy's.
 
-Peak = max(sampling phase, training phase). Sampling holds params + optimizer + reference +
-sampler weights + KV cache + workspace; training holds params + optimizer + gradients +
-reference + layer buffers + activations. The sampling workspace is the larger of the decode
+Peak = max(sampling phase, training phase). Sampling holds params + optimizer + accumulator +
+reference + sampler weights + KV cache + workspace; training holds params + optimizer +
+accumulator + gradients + reference + layer buffers + activations (`H_t`, `F_t`: split over
+tensor where it divides them, else whole, as the rule table places them). The sampling workspace is the larger of the decode
 step's `N/(d·f) · (8·V/t + 4·H_t·S)` (float32 logits and their filtered copy, one layer's
 attention logits) and the prefill's `⌈B/(d·f)⌉ · P · (b_c·(D + (H_t + 2K_t)·Hd + 2F_t) +
 4·H_t·P)` (one layer live).

@@ -47,7 +47,7 @@ class PlanConfig:
     minibatches: int = 1  # optimizer updates per epoch
     param_dtype: str = "float32"
     compute_dtype: str = "bfloat16"
-    optimizer_dtype: str = "float32"
+    optimizer_dtype: str | None = None  # None: the parameters' (optax's moments follow them)
     remat: Remat = "full"
     reference: bool = False  # frozen reference policy for a KL term
     old_logprobs: Literal["forward", "sampler"] = "forward"  # algorithm.old_logprobs
@@ -85,6 +85,8 @@ class PlanConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"PlanConfig.{name} must be a positive int, got {value!r}.")
         for name in ("param_dtype", "compute_dtype", "optimizer_dtype"):
+            if name == "optimizer_dtype" and self.optimizer_dtype is None:
+                continue
             if getattr(self, name) not in _DTYPE_BYTES:
                 raise ValueError(
                     f"PlanConfig.{name} must be one of {sorted(_DTYPE_BYTES)}, got "
@@ -122,14 +124,6 @@ def _check_mesh(config: ModelConfig, plan: PlanConfig) -> list[str]:
     d, f, t = plan.mesh
     rows = d * f
     problems = []
-    if config.num_heads % t:
-        problems.append(f"num_heads={config.num_heads} is not divisible by tensor={t}")
-    if config.intermediate_size % t:
-        problems.append(
-            f"intermediate_size={config.intermediate_size} is not divisible by tensor={t}"
-        )
-    if config.hidden_size % f:
-        problems.append(f"hidden_size={config.hidden_size} is not divisible by fsdp={f}")
     N = plan.num_sequences
     if plan.batch % rows:  # the runner's rule: prefill splits the B prompts over data·fsdp
         problems.append(f"batch={plan.batch} prompts do not split over data·fsdp = {rows}")
@@ -146,6 +140,15 @@ def _check_mesh(config: ModelConfig, plan: PlanConfig) -> list[str]:
             f"plan: impossible mesh (data={d}, fsdp={f}, tensor={t}): " + "; ".join(problems) + "."
         )
     notes = []
+    # dimensions the mesh does not divide are replicated by the rule table (the runtime runs
+    # them so), and counted that way here
+    for name, size, axis, ways in (
+        ("num_heads", config.num_heads, "tensor", t),
+        ("intermediate_size", config.intermediate_size, "tensor", t),
+        ("hidden_size", config.hidden_size, "fsdp", f),
+    ):
+        if size % ways:
+            notes.append(f"{name}={size} does not split over {axis}={ways}: replicated")
     if config.num_kv_heads % t:
         notes.append(
             f"num_kv_heads={config.num_kv_heads} does not split over tensor={t}: k/v weights and "
@@ -205,9 +208,9 @@ def _activation_bytes(config: ModelConfig, plan: PlanConfig, rows: int) -> dict[
         config.num_layers,
         plan.prompt_len + plan.completion_len,
     )
-    H_t = config.num_heads / t
-    K_t = config.num_kv_heads / t if config.num_kv_heads % t == 0 else config.num_kv_heads
-    F_t = config.intermediate_size / t
+    H_t = _split(config.num_heads, t)
+    K_t = _split(config.num_kv_heads, t)
+    F_t = _split(config.intermediate_size, t)
     tokens = rows * S
     dense = tokens * bc * (4 * D + 3 * (H_t + K_t) * Hd + 4 * F_t)
     attention = (4 + bc) * H_t * S  # per query: float32 logits and probabilities over S keys
@@ -226,6 +229,14 @@ def _activation_bytes(config: ModelConfig, plan: PlanConfig, rows: int) -> dict[
     logit_tokens = scored if plan.logits_chunk is None else min(scored, plan.logits_chunk)
     logits = 2 * 4 * logit_tokens * _vocab_per_device(config, t)
     return {"saved": saved, "working": working, "logits": logits}
+
+
+_REPLICATED_LAYOUT = ("num_heads=", "intermediate_size=", "hidden_size=")  # their notes
+
+
+def _split(size: int, ways: int) -> float:
+    """A dimension's per-device size: split when `ways` divides it, else whole (replicated)."""
+    return size / ways if size % ways == 0 else size
 
 
 def _vocab_per_device(config: ModelConfig, t: int) -> float:
@@ -355,19 +366,28 @@ def _sizes(config: ModelConfig, plan: PlanConfig) -> _Sizes:
 def _memory(config: ModelConfig, plan: PlanConfig, z: _Sizes) -> dict[str, float]:
     d, f, t = plan.mesh
     bp, bo, bc = (
-        _DTYPE_BYTES[x] for x in (plan.param_dtype, plan.optimizer_dtype, plan.compute_dtype)
+        _DTYPE_BYTES[x]
+        for x in (plan.param_dtype, plan.optimizer_dtype or plan.param_dtype, plan.compute_dtype)
     )
     L, Hd, H = config.num_layers, config.head_dim, config.num_heads
     P, S = plan.prompt_len, plan.prompt_len + plan.completion_len
     acts = _activation_bytes(config, plan, z.micro_rows)
+    # the sampler's weights: gathered over fsdp (`compute_layout`), LoRA adapters merged into
+    # a copy; neither on fsdp = 1 without adapters (the parameters themselves). Gathers and
+    # merges keep the parameter dtype, as does the reference (a copy of the parameters)
+    merged = z.w_t * bp if z.a_dev else 0.0
+    sampler_weights = (z.w_t + z.a_t) * bp if f > 1 else merged
+    accumulating = z.micro < plan.num_sequences // plan.minibatches
     memory = {
         "params": (z.w_dev + z.a_dev) * bp,
         "optimizer": 2 * z.trained_dev * bo,
+        # optax.MultiSteps' float32 running mean of the micro-batches' gradients
+        "accumulator": 4 * (z.trained_dev + z.critic_trained_dev * plan.critic) * accumulating,
         "gradients": z.trained_dev * bp,
-        "reference": z.trained_dev * bc if plan.reference else 0.0,
+        "reference": z.trained_dev * bp if plan.reference else 0.0,
         "layer_buffers": 2 * z.layer_t / L * bc,
         "activations": acts["saved"] + acts["working"] + acts["logits"],
-        "sampler_weights": (z.w_t + z.a_t) * bc,
+        "sampler_weights": sampler_weights,
         "kv_cache": 2 * L * z.rows * S * z.kv_heads * Hd * bc,
         "critic_params": z.critic_dev * bp,
         "critic_optimizer": 2 * z.critic_trained_dev * bo,
@@ -378,12 +398,14 @@ def _memory(config: ModelConfig, plan: PlanConfig, z: _Sizes) -> dict[str, float
     }
     # prefill: one layer of B/(d·f) prompts live at a time, with float32 [P, P] attention logits
     prefill_rows = plan.batch // (d * f)
-    widths = config.hidden_size + (H / t + 2 * z.kv_heads) * Hd + 2 * config.intermediate_size / t
-    prefill = prefill_rows * P * (bc * widths + 4 * (H / t) * P)
+    H_t, F_t = _split(H, t), _split(config.intermediate_size, t)
+    widths = config.hidden_size + (H_t + 2 * z.kv_heads) * Hd + 2 * F_t
+    prefill = prefill_rows * P * (bc * widths + 4 * H_t * P)
     # decode: float32 logits (and their filtered copy) and one layer's attention logits
-    decode = z.rows * (2 * 4 * _vocab_per_device(config, t) + 4 * (H / t) * S)
+    decode = z.rows * (2 * 4 * _vocab_per_device(config, t) + 4 * H_t * S)
     memory["sampling_workspace"] = max(prefill, decode)
     resident = memory["params"] + memory["optimizer"] + memory["reference"]
+    resident += memory["accumulator"]
     resident += memory["critic_params"] + memory["critic_optimizer"]
     memory["sampling_peak"] = (
         resident + memory["sampler_weights"] + memory["kv_cache"] + memory["sampling_workspace"]
@@ -497,7 +519,9 @@ def suggest_meshes(
     """Plans for every legal mesh of `num_devices`, the fitting ones first, fastest first.
 
     A plan "fits" here when its peak is at most `margin` of the HBM (XLA needs room for its
-    temporaries). Meshes the model cannot use (see `estimate`) are skipped. Fitting plans are
+    temporaries). Meshes the workload cannot use (see `estimate`) are skipped, and so are
+    meshes that would replicate the query heads, the MLP or the model width (they run, but
+    compute those parts on every device of the axis; `estimate` still plans them). Fitting plans are
     ranked by iteration time plus the collectives' time (counted as not overlapped, which
     penalises axes that cross slow links) in 3% steps; within a step the lower peak memory wins.
     Meshes that do not fit follow, the smallest peak first.
@@ -512,9 +536,11 @@ def suggest_meshes(
     plans = []
     for mesh in mesh_candidates(num_devices):
         try:
-            plans.append(estimate(model, dataclasses.replace(plan, mesh=mesh), device))
+            candidate = estimate(model, dataclasses.replace(plan, mesh=mesh), device)
         except ValueError:
             continue
+        if not any(n.startswith(_REPLICATED_LAYOUT) for n in candidate.notes):
+            plans.append(candidate)
     if not plans:
         raise ValueError(
             f"suggest_meshes: no mesh of {num_devices} devices can hold this workload's shape "

@@ -15,11 +15,12 @@ from jaxrl_llm.plan.shapes import PRESETS
 _MEMORY_ROWS = (
     ("params", "parameters ({param})"),
     ("optimizer", "AdamW moments (2 × {opt})"),
+    ("accumulator", "gradient accumulator (float32, micro-batches)"),
     ("gradients", "gradients ({param})"),
-    ("reference", "reference policy ({compute})"),
+    ("reference", "reference policy ({param})"),
     ("layer_buffers", "gathered layer weights"),
     ("activations", "training activations (remat={remat})"),
-    ("sampler_weights", "sampler weights ({compute}, split over tensor)"),
+    ("sampler_weights", "sampler weights ({param}, gathered, split over tensor)"),
     ("kv_cache", "KV cache ({compute})"),
     ("sampling_workspace", "sampling workspace"),
     ("critic_params", "critic parameters ({param})"),
@@ -39,7 +40,8 @@ def format_plan(p: Plan) -> str:
     """
     c, m, t = p.config, p.memory, p.time
     d, f, tp = c.mesh
-    labels = {"param": c.param_dtype, "opt": c.optimizer_dtype, "compute": c.compute_dtype}
+    opt = c.optimizer_dtype or c.param_dtype
+    labels = {"param": c.param_dtype, "opt": opt, "compute": c.compute_dtype}
     lines = [
         f"{p.model}: {p.num_params / 1e9:.2f} B parameters on {d * f * tp} × {p.device.name} "
         f"({p.device.hbm_bytes / GiB:.1f} GiB), mesh data={d} fsdp={f} tensor={tp}",
@@ -157,7 +159,10 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         "--compute-dtype", default=PlanConfig.compute_dtype, choices=sorted(_DTYPE_BYTES)
     )
     p.add_argument(
-        "--optimizer-dtype", default=PlanConfig.optimizer_dtype, choices=sorted(_DTYPE_BYTES)
+        "--optimizer-dtype",
+        default=PlanConfig.optimizer_dtype,
+        choices=sorted(_DTYPE_BYTES),
+        help="AdamW moments (default: the parameters' dtype, as optax keeps them)",
     )
     p.add_argument("--remat", default=PlanConfig.remat, choices=["none", "dots", "full"])
     p.add_argument("--reference", action="store_true", help="hold a frozen KL reference policy")

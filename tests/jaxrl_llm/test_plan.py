@@ -147,8 +147,11 @@ def test_memory_terms_follow_the_formulas():
         assert p.memory["params"] == w_dev * 4
         assert p.memory["optimizer"] == 2 * w_dev * 4
         assert p.memory["gradients"] == w_dev * 4
-        assert p.memory["reference"] == w_dev * 2
-        assert p.memory["sampler_weights"] == w_t * 2
+        # the reference and the gathered sampler weights are copies of the float32 parameters;
+        # 16-sequence micro-batches of a 32-sequence update: MultiSteps' float32 accumulator
+        assert p.memory["reference"] == w_dev * 4
+        assert p.memory["sampler_weights"] == w_t * 4
+        assert p.memory["accumulator"] == w_dev * 4
         assert p.memory["kv_cache"] == 2 * L * (N // (d * f)) * S * (K // t) * Hd * 2
         tokens = m // (d * f) * S
         Ht, Kt, Ft = H / t, K / t, F / t
@@ -176,9 +179,19 @@ def test_memory_terms_follow_the_formulas():
         training = (
             p.memory["params"] + p.memory["optimizer"] + p.memory["gradients"]
             + p.memory["reference"] + p.memory["layer_buffers"] + p.memory["activations"]
+            + p.memory["accumulator"]
         )  # fmt: skip
         np.testing.assert_allclose(p.memory["training_peak"], training, rtol=1e-12)
         assert p.memory["peak"] == max(p.memory["training_peak"], p.memory["sampling_peak"])
+    # what make_optimizer keeps: moments in the parameters' dtype, no accumulator for whole
+    # updates, and on fsdp = 1 the sampler decodes with the parameters themselves
+    bf16 = dataclasses.replace(plan, param_dtype="bfloat16", micro_batch=None, mesh=(1, 1, 2))
+    p = estimate(config, bf16, "h100")
+    w_dev = reference_elements(config, (1, 1, 2))
+    assert p.memory["optimizer"] == 2 * w_dev * 2 and p.memory["accumulator"] == 0
+    assert p.memory["sampler_weights"] == 0 and p.memory["reference"] == w_dev * 2
+    what_if = estimate(config, dataclasses.replace(bf16, optimizer_dtype="float32"), "h100")
+    assert what_if.memory["optimizer"] == 2 * w_dev * 4
 
 
 def test_time_terms_follow_the_formulas():
@@ -272,11 +285,26 @@ def test_a_vocabulary_that_tensor_does_not_divide_counts_whole_logits():
 
 
 @pytest.mark.parametrize(
+    ("mesh", "note"),
+    [
+        ((1, 1, 8), "num_heads=28 does not split over tensor=8: replicated"),
+        ((1, 1, 3), "intermediate_size=18944 does not split over tensor=3: replicated"),
+        ((1, 5, 1), "hidden_size=3584 does not split over fsdp=5: replicated"),
+    ],
+)
+def test_dimensions_the_mesh_does_not_divide_are_replicated_as_at_run_time(mesh, note):
+    """The rule table replicates them and the runtime runs such meshes (matching one device,
+    checked on 8 simulated devices): they were refused as impossible."""
+    p = estimate("qwen2.5-7b", PlanConfig(mesh=mesh, batch=40, group_size=8))
+    assert note in p.notes
+    split = estimate("qwen2.5-7b", PlanConfig(mesh=(1, 1, 4), batch=40, group_size=8))
+    if mesh[2] > 1:  # replicated heads or MLP: more per device than a dividing tensor=4
+        assert p.memory["activations"] > split.memory["activations"] / 2
+
+
+@pytest.mark.parametrize(
     ("mesh", "message"),
     [
-        ((1, 1, 8), "num_heads=28 is not divisible by tensor=8"),
-        ((1, 1, 3), "intermediate_size=18944 is not divisible by tensor=3"),
-        ((1, 5, 1), "hidden_size=3584 is not divisible by fsdp=5"),
         ((3, 1, 1), r"batch=8 prompts do not split over data·fsdp = 3"),
         # N = 64 sequences would split 16 ways, but prefill splits the 8 prompts (the runner's
         # rule, runner.config): refused as `jaxrl-llm train` refuses it
@@ -341,7 +369,7 @@ def test_suggest_meshes_ranks_fitting_meshes_and_skips_impossible_ones():
     plan = PlanConfig(batch=32, group_size=8, micro_batch=32)
     plans = suggest_meshes("qwen2.5-7b", plan, "h100", 8)
     meshes = [p.config.mesh for p in plans]
-    assert all(m[2] in (1, 2, 4) for m in meshes)  # 28 heads: tensor=8 is impossible
+    assert all(m[2] in (1, 2, 4) for m in meshes)  # 28 heads: tensor=8 would replicate them
     assert set(meshes) == {m for m in mesh_candidates(8) if m[2] in (1, 2, 4)}
     fits = [p.memory["peak"] <= 0.85 * p.device.hbm_bytes for p in plans]
     assert fits == sorted(fits, reverse=True)
@@ -367,8 +395,10 @@ def test_cli_reports_and_errors(capsys, tmp_path):
     plans = json.loads(capsys.readouterr().out)
     assert len(plans) == 2 and plans[0]["device"]["name"] == "TPU v5p"
     assert math.prod(plans[0]["config"]["mesh"]) == 64
-    assert main(["qwen2.5-7b", "--mesh", "1,1,8"]) == 2
-    assert "num_heads=28 is not divisible by tensor=8" in capsys.readouterr().err
+    assert main(["qwen2.5-7b", "--mesh", "1,1,8"]) == 0
+    assert "num_heads=28 does not split over tensor=8: replicated" in capsys.readouterr().out
+    assert main(["qwen2.5-7b", "--mesh", "3,1,1", "--batch", "8"]) == 2
+    assert "batch=8 prompts do not split over data·fsdp = 3" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["qwen2.5-7b", "--mesh", "1,8"])
     config = FAMILIES["qwen3"]
@@ -466,8 +496,9 @@ def test_lora_memory_and_time_follow_the_formulas():
     assert p.memory["params"] == (w_dev + a_dev) * 4
     assert p.memory["optimizer"] == 2 * a_dev * 4
     assert p.memory["gradients"] == a_dev * 4
-    assert p.memory["reference"] == a_dev * 2
-    assert p.memory["sampler_weights"] == (w_t + a_t) * 2
+    assert p.memory["reference"] == a_dev * 4  # a copy of the (float32) adapters
+    assert p.memory["sampler_weights"] == (w_t + a_t) * 4
+    assert p.memory["accumulator"] == a_dev * 4
     assert p.memory["training_peak"] < full.memory["training_peak"]
     w_mm = sum(math.prod(s.shape) for s in parameter_shapes(config)) - 1000 * D
     attn = 3 * 4 * L * H * Hd * 64  # three attention passes of 4·L·H·Hd FLOPs per position
@@ -507,7 +538,9 @@ def test_critic_memory_and_time_follow_the_formulas():
     assert p.memory["critic_gradients"] == c_dev * 4
     saved = p.memory["critic_activations"]
     assert 0 < saved < p.memory["activations"]  # the policy's also holds logits
-    critic = p.memory["critic_params"] + p.memory["critic_optimizer"]
+    # with micro-batches below the update the critic's gradients accumulate too (float32)
+    critic = p.memory["critic_params"] + p.memory["critic_optimizer"] + c_dev * 4
+    assert p.memory["accumulator"] - alone.memory["accumulator"] == c_dev * 4
     np.testing.assert_allclose(
         p.memory["training_peak"] - alone.memory["training_peak"],
         critic + p.memory["critic_gradients"] + saved,

@@ -414,8 +414,11 @@ def _batch_sharding(mesh: Mesh, rules: Rules, ndim: int) -> NamedSharding:
     return NamedSharding(mesh, logical_to_spec(names, rules, mesh))
 
 
-def _process_rows(sharding: NamedSharding, rows: int, process: int) -> tuple[int, int, int] | None:
-    """`(start, stop, blocks)`: the rows `process`'s devices hold, and how many row blocks."""
+def _process_rows(
+    sharding: NamedSharding, rows: int, process: int, where: str = "host_batch_slice"
+) -> tuple[int, int, int] | None:
+    """`(start, stop, blocks)`: the rows `process`'s devices hold, and how many row blocks
+    (`where` names the caller in the error)."""
     blocks = set()
     for device, index in sharding.devices_indices_map((rows,)).items():
         if device.process_index == process:
@@ -427,7 +430,7 @@ def _process_rows(sharding: NamedSharding, rows: int, process: int) -> tuple[int
     for (_, stop), (start, _) in itertools.pairwise(ordered):
         if start != stop:
             raise ValueError(
-                f"host_batch_slice: process {process}'s rows {ordered} are not contiguous on "
+                f"{where}: process {process}'s rows {ordered} are not contiguous on "
                 "this mesh; build the mesh with `make_mesh` (process-contiguous devices)."
             )
     return ordered[0][0], ordered[-1][1], len(ordered)
@@ -539,7 +542,7 @@ def make_global_batch(local_batch: Any, mesh: Mesh, *, rules: Rules = ACTIVATION
             raise ValueError(f"{where} is a scalar; batch leaves need a leading row axis.")
         sharding = _batch_sharding(mesh, rules, local.ndim)
         split = math.prod(mesh.shape[a] for a in _spec_axes(sharding.spec[0]))
-        held = _process_rows(sharding, split, process)  # row blocks, one row per block
+        held = _process_rows(sharding, split, process, "make_global_batch")  # one row per block
         blocks = 1 if held is None else held[2]
         if local.shape[0] % blocks:
             raise ValueError(

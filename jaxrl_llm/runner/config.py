@@ -656,6 +656,11 @@ def _validate_parallel(cfg: RunConfig) -> None:
 
 
 def _validate_model(cfg: RunConfig) -> None:
+    if cfg.data.template.chat and not cfg.tokenizer.chat_template:
+        raise ConfigError(
+            "data.template.chat: renders the prompt as chat messages, which needs "
+            "tokenizer.chat_template: true."
+        )
     if cfg.tokenizer.path is None and cfg.model.checkpoint is None:
         raise ConfigError(
             "tokenizer.path: null means the model checkpoint's tokenizer, but the model is "

@@ -76,6 +76,11 @@ def nothing_built(monkeypatch):
         ("train.eval_pass_k=3", "train.eval_pass_k: expected a list, got int."),
         ("optim.name=adamm", "optim.name: must be one of 'adamw', 'adam', 'lion', 'sgd'"),
         ("seed=18446744073709551616", "seed: must lie in [0, 2**62), got 18446744073709551616."),
+        (  # it failed at the first prompt, naming no config key
+            "data.template={prompt: '{prompt}', chat: true}",
+            "data.template.chat: renders the prompt as chat messages, which needs "
+            "tokenizer.chat_template: true.",
+        ),
         (
             "optim.critic_learning_rate=1e-5",
             "optim.critic_learning_rate: is the PPO critic's learning rate, and this run has no "

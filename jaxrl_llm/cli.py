@@ -356,19 +356,26 @@ def _sample(args: argparse.Namespace) -> int:
         )
         print(s.text)
     if args.answer is not None:
-        print(_pass_at_k_line(samples, args.answer, args.num_samples))
+        print(_pass_at_k_line(samples, args.answer, args.num_samples, tuple(args.stop or ())))
     return 0
 
 
-def _pass_at_k_line(samples: list[Any], answers: list[str], num_samples: int) -> str:
-    """`pass@k` (unbiased, exact match of the completion text) for k = 1, 2, 4, ... and n."""
+def _pass_at_k_line(
+    samples: list[Any], answers: list[str], num_samples: int, stops: tuple[str, ...] = ()
+) -> str:
+    """`pass@k` (unbiased, exact match of the completion text without the stop string it
+    ends with) for k = 1, 2, 4, ... and n."""
     import numpy as np
 
     from jaxrl_llm.runner.evaluate import pass_at_k
 
+    def answer_text(text: str) -> str:
+        ending = next((stop for stop in stops if text.endswith(stop)), "")
+        return text.removesuffix(ending) if ending else text
+
     correct = np.zeros(len(answers), np.int64)
     for s in samples:
-        correct[s.prompt_index] += int(s.text == answers[s.prompt_index])
+        correct[s.prompt_index] += int(answer_text(s.text) == answers[s.prompt_index])
     ks = sorted({min(2**i, num_samples) for i in range(num_samples.bit_length())} | {num_samples})
     scores = "  ".join(f"pass@{k} {pass_at_k(num_samples, correct, k).mean():.3f}" for k in ks)
     return f"exact match over {len(answers)} prompts x {num_samples} samples: {scores}"

@@ -48,7 +48,8 @@ def sample_texts(
     Prompts go through `tokenizer.render` (the chat template when the tokenizer has one on)
     and `tokenizer.encode`. Stop tokens default to the tokenizer's EOS (plus the model
     config's `eos_token_id`); the stop token is not part of the decoded text, a stop string is
-    (the text ends with it).
+    (the text ends with it: with a subword tokenizer the token that completes it may carry more
+    text, which is cut off; `num_tokens` and `logprob` still count that token).
 
     Args:
       model: a `Decoder`.
@@ -57,7 +58,7 @@ def sample_texts(
       key: a PRNG key.
       max_new_tokens: the completion budget.
       num_samples: completions per prompt.
-      stop_tokens: ids that end a completion (None: EOS as above).
+      stop_tokens: an id or ids that end a completion (None: EOS as above).
       stop_strings: texts that end a completion once it contains one (`generate`).
       **sampling: `temperature`, `top_k`, `top_p`, `min_p` (see `generate`).
 
@@ -80,6 +81,8 @@ def sample_texts(
         eos = model.config.eos_token_id
         stops |= set() if eos is None else ({eos} if isinstance(eos, int) else set(eos))
         stop_tokens = sorted(stops)
+    elif isinstance(stop_tokens, int | np.integer):  # one id, as generate takes it
+        stop_tokens = [int(stop_tokens)]
     rows = [tokenizer.encode(tokenizer.render(p)) for p in prompts]
     rollout = generate(
         model,
@@ -100,16 +103,31 @@ def sample_texts(
     out = []
     for n in range(len(rows) * num_samples):
         ids = tokens[n, : lengths[n]].tolist()
-        if ids and not truncated[n] and ids[-1] in stop_tokens:
+        stopped_on_token = bool(ids) and not truncated[n] and ids[-1] in stop_tokens
+        if stopped_on_token:
             ids = ids[:-1]  # the stop token (a stop string stays in the text)
+        text = tokenizer.decode(ids)
+        if stop_strings and not truncated[n] and not stopped_on_token:
+            text = _through_first_stop(text, stop_strings)
         out.append(
             TextSample(
                 prompt_index=n // num_samples,
                 sample_index=n % num_samples,
-                text=tokenizer.decode(ids),
+                text=text,
                 num_tokens=int(lengths[n]),
                 truncated=bool(truncated[n]),
                 logprob=float(logprobs[n, : lengths[n]].sum()),
             )
         )
     return out
+
+
+def _through_first_stop(text: str, stop_strings: Sequence[str]) -> str:
+    """`text` up to the end of its earliest stop string (the whole text if none occurs).
+
+    Examples:
+      >>> _through_first_stop("a answer", ["an", "sw"])
+      'a an'
+    """
+    ends = [i + len(stop) for stop in stop_strings if (i := text.find(stop)) >= 0]
+    return text[: min(ends)] if ends else text

@@ -136,3 +136,13 @@ def test_sample_command_reports_exact_match_pass_at_k(checkpoint, capsys):
     )
     assert main([*argv, "--answer", "only one"]) == 2
     assert "--answer: give one per --prompt (2), got 1." in capsys.readouterr().err
+
+
+def test_pass_at_k_compares_the_text_without_its_stop_string():
+    """`--stop "\\n" --answer 4` never matched "4\\n", the text a stop string leaves."""
+    from jaxrl_llm.cli import _pass_at_k_line
+    from jaxrl_llm.sampler.text import TextSample
+
+    samples = [TextSample(0, g, text, 2, False, -1.0) for g, text in enumerate(["4\n", "5\n"])]
+    assert "pass@1 0.500" in _pass_at_k_line(samples, ["4"], 2, ("\n",))
+    assert "pass@1 0.000" in _pass_at_k_line(samples, ["4"], 2)

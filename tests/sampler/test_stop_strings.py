@@ -202,3 +202,22 @@ def test_the_runner_matches_its_stop_strings_with_the_run_tokenizer():
     sampling = _sampling(config, ByteTokenizer())
     assert sampling.stop_strings == ("</answer>",)
     assert sampling.stop_table is not None and sampling.stop_table.window == 9
+
+
+def test_sample_texts_end_at_the_stop_string_with_a_subword_tokenizer():
+    """The token that completes a stop string may carry more text (`' answer'` completes
+    `'an'`): the decoded text once ran past the string. One stop id as an int is taken too
+    (a row that stopped on it raised TypeError)."""
+    from jaxrl_llm.sampler.text import sample_texts
+
+    tok = _trained_tokenizer("byte_level")
+    model = tiny_model(vocab=tok.vocab_size, layers=1)
+    out = sample_texts(model, tok, ["the answer is"], key=jax.random.key(0), max_new_tokens=16,
+                       num_samples=8, stop_tokens=[], stop_strings=["an"], row_groups=1)  # fmt: skip
+    stopped = [s for s in out if not s.truncated]
+    assert stopped and all(s.text.endswith("an") and s.text.count("an") == 1 for s in stopped)
+    single = sample_texts(model, tok, ["the"], key=jax.random.key(1), max_new_tokens=8,
+                          num_samples=8, stop_tokens=tok.eos_id, temperature=2.0, row_groups=1)  # fmt: skip
+    listed = sample_texts(model, tok, ["the"], key=jax.random.key(1), max_new_tokens=8,
+                          num_samples=8, stop_tokens=[tok.eos_id], temperature=2.0, row_groups=1)  # fmt: skip
+    assert single == listed

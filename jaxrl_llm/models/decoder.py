@@ -14,8 +14,9 @@ Entry points (N rows, S tokens; `positions[N, S]` are rotary positions, `0..` pe
   token-by-token decoding with a `KVCache`.
 
 Masking: `attention_mask[N, S]` (1 = real token) or `segment_ids[N, S]` (packed sequences; 0 =
-padding). Keys of padding are never read; padding queries produce finite values that callers
-mask out. Dtype policy: parameters live in `param_dtype`, activations in `dtype`, logits are
+padding). Keys of padding get attention weight exactly 0; padding queries produce finite values
+that callers mask out. Padding slots must still hold token ids of the vocabulary (`pad_id`):
+an id outside it embeds as NaN, which a 0 weight does not remove (0·NaN is NaN). Dtype policy: parameters live in `param_dtype`, activations in `dtype`, logits are
 float32. `remat` ("none", "full", "dots") rematerialises each layer in the backward pass; the
 default "dots" keeps the layer's matmul outputs and recomputes its elementwise work, which is
 also the fastest choice on XLA:CPU (see `Decoder`).

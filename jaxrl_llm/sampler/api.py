@@ -157,7 +157,7 @@ def generate(
         with `prompt_mask` (padding on either side).
       max_new_tokens: the budget: one int, or one per prompt, or one per row.
       key: one PRNG key, or `N` per-row keys.
-      temperature: τ; 0 is greedy.
+      temperature: τ; 0 is greedy (top-k, top-p and min-p then do nothing: a warning).
       top_k, top_p, min_p: filters (None: off).
       num_samples: G completions per prompt; the prompt is prefilled once.
       stop_tokens: ids that end a row; None uses the model config's `eos_token_id` (if any),
@@ -173,7 +173,7 @@ def generate(
       stop_strings: texts that end a row once its completion contains one, however the
         tokens spell it (`sampler.stop_strings`); needs `tokenizer`.
       tokenizer: the `jaxrl_llm.tokenizer` tokenizer whose vocabulary `stop_strings` are
-        matched with.
+        matched with (only with stop strings: alone it is unused, with a warning).
 
     Returns:
       A `Rollout`.
@@ -234,10 +234,20 @@ def generate(
         merge_lora=merge_lora,
         stop_strings=tuple(stop_strings),
     )
+    if config.greedy and (top_k is not None or top_p is not None or min_p):  # as HF warns
+        warnings.warn(
+            "generate: temperature 0 decodes greedily; top_k, top_p and min_p have no effect.",
+            stacklevel=2,
+        )
     if config.stop_strings:
         if tokenizer is None:
             raise ValueError("generate: `stop_strings` need the `tokenizer` they are matched with.")
         config = with_stop_strings(config, tokenizer)
+    elif tokenizer is not None:
+        warnings.warn(
+            "generate: `tokenizer` is used only to match `stop_strings`; none were given.",
+            stacklevel=2,
+        )
     longest = max(len(r) for r in rows)
     context = model.config.max_position_embeddings
     if context is not None and longest + T > context:  # RoPE runs on; quality is not assured

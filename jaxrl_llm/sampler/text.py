@@ -93,7 +93,7 @@ def sample_texts(
         stop_tokens=stop_tokens,
         pad_id=tokenizer.pad_id,
         stop_strings=stop_strings,
-        tokenizer=tokenizer,
+        tokenizer=tokenizer if stop_strings else None,
         **sampling,
     )
     tokens = np.asarray(rollout.completion_tokens)

@@ -311,6 +311,10 @@ def test_bad_inputs_raise_clear_errors():
     assert one_stop.tokens.shape == generate(m, [[1]], max_new_tokens=3, key=key).tokens.shape
     with pytest.raises(ValueError, match=r"`key` must be a PRNG key .* got dtype int32"):
         generate(m, [[1], [2]], max_new_tokens=2, key=np.array([0, 7], np.int32), row_groups=2)
+    with pytest.warns(UserWarning, match="temperature 0 decodes greedily; top_k, top_p and min_p"):
+        generate(m, [[1]], max_new_tokens=2, key=key, temperature=0.0, top_k=5)
+    with pytest.warns(UserWarning, match="`tokenizer` is used only to match `stop_strings`"):
+        generate(m, [[1]], max_new_tokens=2, key=key, tokenizer=object())
     with pytest.warns(UserWarning, match=r"over the model's context of 8 positions"):
         short = Decoder(dataclasses.replace(m.config, max_position_embeddings=8), rngs=nnx.Rngs(0))
         generate(short, [list(range(1, 7))], max_new_tokens=3, key=key)

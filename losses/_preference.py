@@ -21,7 +21,15 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
-from losses._checks import as_float32, as_mask, check_floating, check_rank, check_real
+from losses._checks import (
+    as_float32,
+    as_mask,
+    check_floating,
+    check_positive,
+    check_rank,
+    check_real,
+    concrete,
+)
 from losses._policy import stop_gradient_metrics, zero_outside
 
 
@@ -75,15 +83,18 @@ def check_unit_interval(
     high_open: bool = False,
     high: float = 1.0,
 ) -> None:
-    """Raise if a static (Python) number lies outside `[0, high]` (ends open as asked)."""
-    if not isinstance(value, int | float) or isinstance(value, bool):
+    """Raise if a concrete number (or any value of a concrete array, e.g. CREAM's per-pair label
+    smoothing) lies outside `[0, high]` (ends open as asked). Traced values are not checked."""
+    values = concrete(value)
+    if values is None or values.dtype.kind not in "biuf" or values.size == 0:
         return
-    low_ok = value > 0 if low_open else value >= 0
-    high_ok = value < high if high_open else value <= high
-    if not (low_ok and high_ok):
+    low_bad = (values <= 0) if low_open else (values < 0)
+    high_bad = (values >= high) if high_open else (values > high)
+    if low_bad.any() or high_bad.any():
         lo = "(0" if low_open else "[0"
         hi = f"{high:g})" if high_open else f"{high:g}]"
-        raise ValueError(f"{where}: `{name}` must lie in {lo}, {hi}, got {value!r}.")
+        got = repr(value) if values.ndim == 0 else f"values from {values.min()} to {values.max()}"
+        raise ValueError(f"{where}: `{name}` must lie in {lo}, {hi}, got {got}.")
 
 
 def check_static_number(value: Any, name: str, *, where: str) -> None:
@@ -98,6 +109,7 @@ def pair_weights_array(w: Any, v: Array, *, where: str) -> Array:
     """Optional `[N]` non-negative pair weights (stop-gradient); None means all ones."""
     if w is None:
         return v
+    check_positive(w, "pair_weights", where=where, allow_zero=True)
     return v * pair_array(w, "pair_weights", v, where=where, differentiable=False, floating=False)
 
 

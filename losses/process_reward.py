@@ -353,6 +353,20 @@ def _log_ratio_inputs(logp: Any, ref_logp: Any, mask: Any, *, where: str) -> tup
     return lp - ref, valid
 
 
+def _row_beta(beta: Any, N: int, *, where: str) -> Array:
+    """`β` as a scalar or one value per row, returned as `[N]` float32 (no gradient)."""
+    check_positive(beta, "beta", where=where)
+    check_real(beta, "beta", where=where)
+    b = jax.lax.stop_gradient(as_float32(beta))
+    if b.ndim == 0:
+        return jnp.broadcast_to(b, (N,))
+    if b.shape != (N,):
+        raise ValueError(
+            f"{where}: `beta` must be a scalar or have one value per row ({N},), got {b.shape}."
+        )
+    return b
+
+
 def implicit_process_rewards(
     logp: ArrayLike,
     ref_logp: ArrayLike,
@@ -382,7 +396,8 @@ def implicit_process_rewards(
       ref_logp: `[N,T]` token log-probs of its reference model (no gradient).
       segment_ids: `[N,T]` integer step index of each token (see `segment_ids_from_boundaries`).
       mask: `[N,T]` {0,1} completion tokens.
-      beta: the implicit-reward scale `β` (required; no default in the spec).
+      beta: the implicit-reward scale `β` (required; no default in the spec): a scalar or
+        `[N]`, one value per row.
       num_segments: static number of steps `M`.
 
     Returns:
@@ -396,9 +411,9 @@ def implicit_process_rewards(
       [[-0.25, 0.25]]
     """
     where = "implicit_process_rewards"
-    check_positive(beta, "beta", where=where)
     _check_static_int(num_segments, "num_segments", where=where)
     lr, valid = _log_ratio_inputs(logp, ref_logp, mask, where=where)
+    b = _row_beta(beta, lr.shape[0], where=where)
     seg = jnp.asarray(segment_ids)
     if seg.shape != lr.shape:
         raise ValueError(
@@ -407,7 +422,7 @@ def implicit_process_rewards(
     if not jnp.issubdtype(seg.dtype, jnp.integer):
         raise ValueError(f"{where}: `segment_ids` must be an integer array, got dtype {seg.dtype}.")
     member = (seg[:, :, None] == jnp.arange(num_segments)[None, None, :]) & valid[:, :, None]
-    token_rewards = as_float32(beta) * lr
+    token_rewards = b[:, None] * lr
     return jnp.sum(jnp.where(member, token_rewards[:, :, None], 0.0), axis=1)
 
 
@@ -436,7 +451,8 @@ def implicit_prm_loss(
       ref_logp: `[N,T]` reference token log-probs (no gradient).
       mask: `[N,T]` {0,1} completion tokens.
       labels: `[N]` outcome labels `y ∈ [0, 1]` (no gradient).
-      beta: the implicit-reward scale `β` (required; no default in the spec).
+      beta: the implicit-reward scale `β` (required; no default in the spec): a scalar or
+        `[N]`, one value per row.
       valid: optional `[N]` {0,1} sequences that count.
 
     Returns:
@@ -451,9 +467,9 @@ def implicit_prm_loss(
       (0.3133, 1.0)
     """
     where = "implicit_prm_loss"
-    check_positive(beta, "beta", where=where)
     lr, _ = _log_ratio_inputs(logp, ref_logp, mask, where=where)
     N = lr.shape[0]
+    b = _row_beta(beta, N, where=where)
     check_rank(labels, 1, "labels", where=where)
     check_real(labels, "labels", where=where)
     if jnp.shape(labels) != (N,):
@@ -463,7 +479,7 @@ def implicit_prm_loss(
         )
     v = _optional_valid(valid, (N,), where=where)
     y = jax.lax.stop_gradient(zero_outside(as_float32(labels), v > 0))
-    r = zero_outside(as_float32(beta) * jnp.sum(lr, axis=-1), v > 0)
+    r = zero_outside(b * jnp.sum(lr, axis=-1), v > 0)
     loss = _masked_mean(_bce_with_logits(r, y), v)
     metrics = {
         "rm/accuracy": _masked_mean(((r > 0) == (y > 0.5)).astype(jnp.float32), v),

@@ -530,6 +530,17 @@ x4 = np.zeros(4, np.float32)
         ({"reference_free": 1}, "`reference_free` must be a Python bool"),
         ({"valid": np.ones(3)}, "`valid` must have shape"),
         ({"pair_weights": np.ones(5)}, "`pair_weights` must have shape"),
+        ({"pair_weights": np.array([1.0, -5.0, 1.0, 1.0])}, "`pair_weights` must be >= 0"),
+        # per-pair label smoothing (CREAM's 1 − c) is range-checked like a number
+        (
+            {"label_smoothing": np.array([0.1, 1.5, 0.1, 0.1])},
+            "`label_smoothing` must lie in \\[0, 1\\], got values from 0.1 to 1.5",
+        ),
+        (
+            {"loss_type": "robust", "label_smoothing": np.full(4, 0.7, np.float32)},
+            "must lie in \\[0, 0.5\\)",
+        ),
+        ({"loss_type": "exo_pair", "label_smoothing": np.zeros(4)}, "must lie in \\(0, 1\\)"),
     ],
 )
 def test_bad_options_raise(kw, match):

@@ -271,6 +271,19 @@ def test_implicit_prm_loss_reference_and_gradient():
     )
 
 
+def test_implicit_process_rewards_per_row_beta_scales_its_own_row():
+    rng, lp, ref, mask, seg = _implicit_inputs(7)
+    beta = np.linspace(0.1, 0.9, N).astype(np.float32)
+    r = np.asarray(implicit_process_rewards(lp, ref, seg, mask, beta=beta, num_segments=M))
+    token_r = beta[:, None] * np.where(mask > 0, lp.astype(np.float64) - ref, 0.0)
+    assert_close(r.sum(1), token_r.sum(1))  # Σ_m r_n = β_n·Σ_t (lp − ref)·m
+    one = np.asarray(implicit_process_rewards(lp, ref, seg, mask, beta=1.0, num_segments=M))
+    assert_close(r, beta[:, None] * one)
+    labels = (rng.uniform(size=N) > 0.5).astype(np.float32)
+    loss = implicit_prm_loss(lp, ref, mask, labels, beta=beta)[0]
+    assert_close(loss, np_bce(token_r.sum(1), labels).mean())
+
+
 def test_implicit_prm_errors_name_the_problem():
     x = jnp.zeros((2, 3))
     seg = jnp.zeros((2, 3), jnp.int32)
@@ -278,6 +291,12 @@ def test_implicit_prm_errors_name_the_problem():
         implicit_process_rewards(x, x, seg, x, beta=0.0, num_segments=2)
     with pytest.raises(ValueError, match="`num_segments` must be a static Python int"):
         implicit_process_rewards(x, x, seg, x, beta=0.1, num_segments=None)
+    with pytest.raises(
+        ValueError, match=r"`beta` must be a scalar or have one value per row \(2,\)"
+    ):
+        implicit_process_rewards(x, x, seg, x, beta=jnp.ones(3), num_segments=2)
+    with pytest.raises(ValueError, match="`beta` must be a scalar or have one value per row"):
+        implicit_prm_loss(x, x, x, jnp.zeros(2), beta=jnp.ones((2, 3)))
     with pytest.raises(ValueError, match="`segment_ids` must be an integer array"):
         implicit_process_rewards(x, x, x, x, beta=0.1, num_segments=2)
     with pytest.raises(ValueError, match="`segment_ids` must have the shape of `logp`"):

@@ -269,6 +269,10 @@ def test_bad_input_raises():
         simpo_loss(x3, x3, alpha=np.float32(0.1))
     with pytest.raises(ValueError, match="`label_smoothing` must lie in"):
         simpo_loss(x3, x3, label_smoothing=-0.1)
+    with pytest.raises(ValueError, match="`label_smoothing` must lie in"):
+        cpo_loss(x3, x3, label_smoothing=np.array([0.1, 0.2, 1.2]))
+    with pytest.raises(ValueError, match="`pair_weights` must be >= 0"):
+        simpo_loss(x3, x3, pair_weights=np.array([1.0, -1.0, 1.0]))
     with pytest.raises(ValueError, match="`rejected_avg_logp` must have shape"):
         simpo_loss(x3, np.zeros(4, np.float32))
     with pytest.raises(ValueError, match="`loss_type` must be one of"):

@@ -29,6 +29,7 @@ from losses._checks import (
     check_rank,
     check_real,
     concrete,
+    global_count,
 )
 from losses._policy import stop_gradient_metrics, zero_outside
 
@@ -113,17 +114,21 @@ def pair_weights_array(w: Any, v: Array, *, where: str) -> Array:
     return v * pair_array(w, "pair_weights", v, where=where, differentiable=False, floating=False)
 
 
-def pair_denominator(v: Array, num_pairs: Any) -> Array:
-    """`num_pairs` (global count) or `max(Σ v, 1)`."""
-    if num_pairs is not None:
-        return jnp.asarray(num_pairs, jnp.float32)
-    return jnp.maximum(jnp.sum(v), 1.0)
+def pair_denominator(v: Array, num_pairs: Any, *, where: str) -> Array:
+    """`num_pairs` (global count) or `max(Σ v, 1)`; a count of 0 falls back to the local one
+    (ALGORITHMS.md §1.5), a negative or non-finite concrete count raises."""
+    local = jnp.maximum(jnp.sum(v), 1.0)
+    if num_pairs is None:
+        return local
+    return global_count(num_pairs, local, "num_pairs", where=where)
 
 
-def pair_mean(per_pair_loss: Array, weights: Array, num_pairs: Any, v: Array) -> Array:
+def pair_mean(
+    per_pair_loss: Array, weights: Array, num_pairs: Any, v: Array, *, where: str
+) -> Array:
     """`Σ_i weights_i·ℓ_i / D` with `ℓ` read only where `weights ≠ 0`."""
     terms = jnp.where(weights != 0, per_pair_loss * weights, 0.0)
-    return jnp.sum(terms) / pair_denominator(v, num_pairs)
+    return jnp.sum(terms) / pair_denominator(v, num_pairs, where=where)
 
 
 def batch_mean(x: Array, v: Array) -> Array:

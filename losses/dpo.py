@@ -454,7 +454,7 @@ def dpo_loss(
         pi_c, pi_r, ref_c, ref_r, lr_c, lr_r, s_c, s_r, delta_len, b, eps, *raw, discopop_tau, v
     )
     pw = pair_weights_array(pair_weights, v, where=where)
-    den = pair_denominator(v, num_pairs)
+    den = pair_denominator(v, num_pairs, where=where)
 
     loss = jnp.zeros((), jnp.float32)
     metrics = reward_metrics(b * lr_c, b * lr_r, v)

@@ -266,5 +266,5 @@ def step_apo_loss(
         raise ValueError(f"{where}: `beta` must be a scalar, got shape {b.shape}.")
     reward_w, reward_l = b * aw * w, b * al * l
     pw = pair_weights_array(pair_weights, v, where=where)
-    loss = pair_mean(-jax.nn.log_sigmoid(reward_w - reward_l), pw, num_pairs, v)
+    loss = pair_mean(-jax.nn.log_sigmoid(reward_w - reward_l), pw, num_pairs, v, where=where)
     return loss, reward_metrics(reward_w, reward_l, v)

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from jax import Array
 from jaxtyping import ArrayLike
 
-from losses._checks import check_choice, check_positive, check_rank
+from losses._checks import check_choice, check_positive, check_rank, global_count
 from losses._policy import stop_gradient_metrics
 from losses._preference import (
     batch_mean,
@@ -189,7 +189,9 @@ def kto_loss(
     )
     count = jnp.sum(v_d) + jnp.sum(v_u)
     den = (
-        jnp.maximum(count, 1.0) if num_examples is None else jnp.asarray(num_examples, jnp.float32)
+        jnp.maximum(count, 1.0)
+        if num_examples is None
+        else global_count(num_examples, jnp.maximum(count, 1.0), "num_examples", where=where)
     )
     reward_d, reward_u = batch_mean(beta * lr_d, v_d), batch_mean(beta * lr_u, v_u)
     right_side = jnp.sum(jnp.where(v_d > 0, lr_d > point, False)) + jnp.sum(

@@ -103,7 +103,7 @@ def pairwise_ppo_loss(
     unclipped = -adv * ratio
     clipped = -adv * jnp.clip(ratio, 1.0 - clip, 1.0 + clip)
     per_pair = 0.5 * jnp.sum(jnp.maximum(unclipped, clipped), axis=1)
-    loss = pair_mean(per_pair, v, num_pairs, v)
+    loss = pair_mean(per_pair, v, num_pairs, v, where=where)
     clip_hits = jnp.sum(jnp.where(rows, clipped > unclipped, False), axis=1).astype(jnp.float32)
     metrics = {
         "policy/clip_frac": batch_mean(clip_hits / 2.0, v),
@@ -170,7 +170,7 @@ def relative_regression_loss(
     qa = pair_array(q_a, "q_a", v, where=where, differentiable=False, floating=False)
     qb = pair_array(q_b, "q_b", v, where=where, differentiable=False, floating=False)
     e = (a - b) / eta - (qa - qb)
-    loss = pair_mean(e**2, v, num_pairs, v)
+    loss = pair_mean(e**2, v, num_pairs, v, where=where)
     metrics = {
         "policy/residual_abs_mean": batch_mean(jnp.abs(e), v),
         "policy/log_ratio_gap": batch_mean(a - b, v),
@@ -246,7 +246,7 @@ def contrastive_pg_loss(
     if b.ndim:
         raise ValueError(f"{where}: `beta` must be a scalar, got shape {b.shape}.")
     gap = (r_a - b * (lp_a - ref_a)) - (r_b - b * (lp_b - ref_b))
-    loss = pair_mean(-jax.lax.stop_gradient(gap) * (lp_a - lp_b), v, num_pairs, v)
+    loss = pair_mean(-jax.lax.stop_gradient(gap) * (lp_a - lp_b), v, num_pairs, v, where=where)
     metrics = {
         "policy/reward_gap": batch_mean(r_a - r_b, v),
         "policy/regularized_reward_gap": batch_mean(gap, v),

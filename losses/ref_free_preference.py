@@ -125,7 +125,7 @@ def simpo_loss(
     u_c, u_r = _alpha_shape(c, alpha), _alpha_shape(r, alpha)
     x = b * (u_c - u_r) - g
     pw = pair_weights_array(pair_weights, v, where=where)
-    loss = pair_mean(_smoothed_sigmoid(x, eps), pw, num_pairs, v)
+    loss = pair_mean(_smoothed_sigmoid(x, eps), pw, num_pairs, v, where=where)
     return loss, reward_metrics(b * u_c, b * u_r, v)
 
 
@@ -202,7 +202,7 @@ def cpo_loss(
         half_inv_beta = jnp.where(v > 0, 0.5 / jnp.where(v > 0, b, 1.0), 0.0)
         per_item = (x - half_inv_beta) ** 2
     pw = pair_weights_array(pair_weights, v, where=where)
-    loss = pair_mean(per_item, pw, num_pairs, v)
+    loss = pair_mean(per_item, pw, num_pairs, v, where=where)
     return loss, reward_metrics(b * c, b * r, v)
 
 
@@ -269,7 +269,7 @@ def orpo_loss(
     log_odds = (a_c - a_r) - (_log1mexp(a_c) - _log1mexp(a_r))
     log_sig = jax.nn.log_sigmoid(log_odds)
     pw = pair_weights_array(pair_weights, v, where=where)
-    loss = pair_mean(-b * log_sig, pw, num_pairs, v)
+    loss = pair_mean(-b * log_sig, pw, num_pairs, v, where=where)
     metrics = reward_metrics(b * c, b * r, v)
     metrics["pref/log_odds"] = batch_mean(log_odds, v)
     metrics["pref/log_odds_ratio"] = batch_mean(log_sig, v)

@@ -196,7 +196,7 @@ def tgdpo_loss(
     h_c = jnp.sum(b * (1.0 + a * rw_c) * lr_c, axis=1)
     h_r = jnp.sum(b * (1.0 - a * rw_r) * lr_r, axis=1)
     pw = pair_weights_array(pair_weights, v, where=where)
-    loss = pair_mean(-jax.nn.log_sigmoid(h_c - h_r), pw, num_pairs, v)
+    loss = pair_mean(-jax.nn.log_sigmoid(h_c - h_r), pw, num_pairs, v, where=where)
     seq_c, seq_r = jnp.sum(lr_c, axis=1), jnp.sum(lr_r, axis=1)
     metrics = reward_metrics(b * seq_c, b * seq_r, v)
     metrics["pref/guided_margin"] = jax.lax.stop_gradient(batch_mean(h_c - h_r, v))

@@ -531,6 +531,7 @@ x4 = np.zeros(4, np.float32)
         ({"valid": np.ones(3)}, "`valid` must have shape"),
         ({"pair_weights": np.ones(5)}, "`pair_weights` must have shape"),
         ({"pair_weights": np.array([1.0, -5.0, 1.0, 1.0])}, "`pair_weights` must be >= 0"),
+        ({"num_pairs": -2}, "`num_pairs` must be a finite number >= 0"),
         # per-pair label smoothing (CREAM's 1 − c) is range-checked like a number
         (
             {"label_smoothing": np.array([0.1, 1.5, 0.1, 0.1])},
@@ -546,6 +547,15 @@ x4 = np.zeros(4, np.float32)
 def test_bad_options_raise(kw, match):
     with pytest.raises(ValueError, match=match):
         dpo_loss(x4, x4, x4, x4, **kw)
+
+
+def test_a_global_pair_count_of_zero_falls_back_to_the_local_count():
+    """A micro-batch of a global batch without valid pairs gives 0, not inf (§1.5)."""
+    _, pc, pr, rc, rr, _ = pair_batch(23)
+    none_valid = np.zeros(pc.shape, np.float32)
+    loss = dpo_loss(pc, pr, rc, rr, valid=none_valid, num_pairs=0)[0]
+    assert float(loss) == 0.0
+    assert_close(dpo_loss(pc, pr, rc, rr, num_pairs=0)[0], dpo_loss(pc, pr, rc, rr)[0])
 
 
 def test_bad_arrays_raise():

@@ -225,6 +225,11 @@ def test_bad_input_raises():
         kto_loss(x3, x3[:2], x3, x3, kl=0.0)
     with pytest.raises(ValueError, match="`chosen_valid` must have shape"):
         kto_loss(x3, x3, x3, x3, kl=0.0, chosen_valid=np.ones(2))
+    with pytest.raises(ValueError, match="`num_examples` must be a finite number >= 0"):
+        kto_loss(x3, x3, x3, x3, kl=0.0, num_examples=-1)
+    none = np.zeros(3, np.float32)  # a micro-batch without valid examples: 0, not inf
+    loss = kto_loss(x3, x3, x3, x3, kl=0.0, chosen_valid=none, rejected_valid=none, num_examples=0)
+    assert float(loss[0]) == 0.0
     with pytest.raises(ValueError, match="`delta` must be a scalar"):
         bco_loss(x3, x3, x3, x3, delta=np.zeros(3))
     with pytest.raises(ValueError, match="`beta` must be > 0"):

@@ -72,14 +72,26 @@ def check_choice(value: Any, allowed: Iterable[Any], name: str, *, where: str) -
 
 
 def check_positive(value: Any, name: str, *, where: str, allow_zero: bool = False) -> None:
-    """Raise if a concrete number (or every value of a concrete array) is not positive. Traced
-    values are not checked."""
+    """Raise if a concrete number (or any value of a concrete array) is not positive, or is NaN
+    (which would pass every comparison). Traced values are not checked."""
     values = concrete(value)
     if values is None or values.dtype.kind not in "biuf" or values.size == 0:
         return
-    if (values < 0).any() or (not allow_zero and (values == 0).any()):
+    bad = ~(values >= 0) if allow_zero else ~(values > 0)
+    if bad.any():
         bound = ">= 0" if allow_zero else "> 0"
         raise ValueError(f"{where}: `{name}` must be {bound}, got {value!r}.")
+
+
+def check_above(value: Any, bound: float, name: str, *, where: str, none_ok: str = "") -> None:
+    """Raise if a concrete number (or any value of a concrete array) is not `> bound` (NaN
+    included). Traced values are not checked; `none_ok` names what None means in the message."""
+    values = concrete(value)
+    if values is None or values.dtype.kind not in "biuf" or values.size == 0:
+        return
+    if (~(values > bound)).any():
+        alt = f" (or None: {none_ok})" if none_ok else ""
+        raise ValueError(f"{where}: `{name}` must be > {bound:g}{alt}, got {value!r}.")
 
 
 def as_float32(x: Any) -> Array:

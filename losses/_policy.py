@@ -176,6 +176,15 @@ def stop_gradient_metrics(metrics: dict[str, Array]) -> dict[str, Array]:
     return {k: jax.lax.stop_gradient(jnp.asarray(v, jnp.float32)) for k, v in metrics.items()}
 
 
+def inclusive_clip(x: Array, low: Any, high: Any) -> Array:
+    """`clip(x, low, high)` whose gradient is 1 on the bounds too (torch's `clamp`).
+
+    `jnp.clip` halves the gradient at a bound (a tie of its `max` / `min`), so with a zero clip
+    (ratio ≡ 1 on a bound) PPO's gradient was 0.625× REINFORCE's instead of equal to it.
+    """
+    return jnp.where((x >= low) & (x <= high), x, jnp.clip(x, low, high))
+
+
 def clip_terms(adv: Array, ratio: Array, clip_low: Any, clip_high: Any) -> tuple[Array, Array]:
     """PPO's two branches `(ℓ1, ℓ2) = (−A·r, −A·clip(r, 1 − ε_low, 1 + ε_high))` (§5.1)."""
-    return -adv * ratio, -adv * jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    return -adv * ratio, -adv * inclusive_clip(ratio, 1.0 - clip_low, 1.0 + clip_high)

@@ -11,6 +11,7 @@ from jaxtyping import ArrayLike
 
 from losses._checks import check_positive, global_count
 from losses._policy import (
+    inclusive_clip,
     log_ratio,
     masked_fraction,
     prepare_policy_inputs,
@@ -127,7 +128,7 @@ def gmpo_loss(
     logr = raw_logr
     if log_ratio_clamp is not None:
         logr = jnp.clip(raw_logr, -log_ratio_clamp, log_ratio_clamp)
-    clipped = jnp.clip(logr, -clip_low, clip_high)
+    clipped = inclusive_clip(logr, -clip_low, clip_high)
     pessimistic = jnp.where(
         adv > 0,
         jnp.minimum(logr, clipped),

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from jax import Array
 from jaxtyping import ArrayLike
 
-from losses._checks import as_float32, check_choice
+from losses._checks import as_float32, check_choice, check_positive
 
 Axis = int | tuple[int, ...] | None
 
@@ -158,6 +158,7 @@ def masked_whiten(
     """
     check_choice(eps_mode, ("add", "max", "std"), "eps_mode", where="masked_whiten")
     check_choice(ddof, (0, 1), "ddof", where="masked_whiten")
+    check_positive(eps, "eps", where="masked_whiten", allow_zero=True)
     xz, m = _valid(as_float32(x), mask, "masked_whiten")
     count = jnp.sum(m, axis=axis, keepdims=True)
     mean = jnp.sum(xz, axis=axis, keepdims=True) / jnp.maximum(count, 1.0)

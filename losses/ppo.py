@@ -8,7 +8,7 @@ import jax.numpy as jnp
 from jax import Array
 from jaxtyping import ArrayLike
 
-from losses._checks import check_positive
+from losses._checks import check_above, check_positive
 from losses._policy import (
     clip_terms,
     log_ratio,
@@ -88,10 +88,8 @@ def ppo_clip_loss(
     where = "ppo_clip_loss"
     check_positive(clip_low, "clip_low", where=where, allow_zero=True)
     check_positive(clip_high, "clip_high", where=where, allow_zero=True)
-    if dual_clip is not None and isinstance(dual_clip, int | float) and dual_clip <= 1.0:
-        raise ValueError(f"{where}: `dual_clip` must be > 1 (or None), got {dual_clip!r}.")
-    if ratio_cap is not None and isinstance(ratio_cap, int | float) and ratio_cap <= 1.0:
-        raise ValueError(f"{where}: `ratio_cap` must be > 1 (or None), got {ratio_cap!r}.")
+    check_above(dual_clip, 1.0, "dual_clip", where=where, none_ok="no dual clip")
+    check_above(ratio_cap, 1.0, "ratio_cap", where=where, none_ok="no cap")
     inputs = prepare_policy_inputs(logp, old_logp, advantages, mask, where=where)
     logr, ratio = log_ratio(inputs, log_ratio_clamp)
     adv = inputs.advantages

@@ -137,7 +137,7 @@ class AdvantageConfig:
         )
         if self.ddof not in (0, 1):
             raise ValueError(f"{where}: `ddof` must be 0 or 1, got {self.ddof!r}.")
-        if self.eps < 0:
+        if not self.eps >= 0:  # NaN too
             raise ValueError(f"{where}: `eps` must be >= 0, got {self.eps!r}.")
         for key in ("gamma", "lam"):
             if not 0.0 <= getattr(self, key) <= 1.0:
@@ -274,7 +274,9 @@ class KLConfig:
       mode: "none", "loss" (`β·losses.kl_loss`) or "reward" (`losses.kl_penalized_rewards`
         before GAE / REINFORCE++; `losses.kl_penalized_scores` for group estimators).
       coef: the initial coefficient β (> 0 unless mode is "none").
-      estimator: "k1", "k2", "k3" or "abs"; None: k3 as a loss, k1 in the reward (§3.4).
+      estimator: "k1", "k2", "k3" or "abs"; None: k3 as a loss, k1 in the reward (§3.4). As a
+        loss, k3's value is clamped to ±10 (verl's `low_var_kl`); k2 and abs are not (verl's
+        `mse` and `abs`: a clamp would zero the gradient of the most-drifted tokens).
       target: with a value, β follows the adaptive controller (`losses.adaptive_kl_update`,
         KL measured as k1 between the batch's old and reference log-probs); None: fixed β.
       horizon: the adaptive controller's horizon (samples; None: `losses.adaptive_kl_controller`'s
@@ -328,6 +330,11 @@ class KLConfig:
         if self.estimator is not None:
             return self.estimator
         return "k1" if self.mode == "reward" else "k3"
+
+    @property
+    def loss_clamp(self) -> float | None:
+        """The `clamp` of `losses.kl_loss` in mode "loss": 10 for k3 (verl), else None."""
+        return 10.0 if self.resolved_estimator == "k3" else None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -479,7 +486,7 @@ class AlgorithmConfig:
                     f"{where}: KL in the sequence reward of {estimator!r} is the k1 sum "
                     f"(losses.kl_penalized_scores); got kl.estimator={self.kl.estimator!r}."
                 )
-        if self.entropy_coef < 0:
+        if not self.entropy_coef >= 0:
             raise ValueError(f"{where}: `entropy_coef` must be >= 0, got {self.entropy_coef!r}.")
         if not self.temperature > 0:
             raise ValueError(f"{where}: `temperature` must be > 0, got {self.temperature!r}.")
@@ -783,7 +790,13 @@ def rl_loss(
         metrics["kl/seq_k1"] = jax.lax.stop_gradient(_seq_k1(old_sg, batch.ref_logp, mask))
     if config.kl.mode == "loss":
         kl, kl_metrics = losses.kl_loss(
-            logp, batch.ref_logp, mask, estimator=config.kl.resolved_estimator, agg=agg, **agg_kw
+            logp,
+            batch.ref_logp,
+            mask,
+            estimator=config.kl.resolved_estimator,
+            clamp=config.kl.loss_clamp,
+            agg=agg,
+            **agg_kw,
         )
         metrics.update(kl_metrics)
         parts["loss/kl"] = kl

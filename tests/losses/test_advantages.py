@@ -740,6 +740,8 @@ def test_bad_options_raise():
         gpg_advantages(s, f_norm=0.0)
     with pytest.raises(ValueError, match="`eps` must be >= 0, got -1e-06"):
         group_advantages(s, eps=-1e-6)
+    with pytest.raises(ValueError, match="`eps` must be >= 0, got nan"):  # not silently Dr.GRPO
+        group_advantages(s, eps=float("nan"))
     with pytest.raises(ValueError, match="`scale` must be one of True, False"):
         passk_advantages(s, scale="group")
     with pytest.raises(ValueError, match="`alpha` and `beta` must both be"):

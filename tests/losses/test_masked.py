@@ -77,6 +77,13 @@ def test_whiten_properties():
             assert_close(losses.masked_mean(per_row[n], m[n]), 0.0, atol=1e-6)
 
 
+def test_whiten_refuses_a_negative_eps():
+    """eps < 0 made `sqrt(var + eps)` NaN, which the zero guard then read as 1: no scaling."""
+    _, x, m = _data(3)
+    with pytest.raises(ValueError, match="masked_whiten: `eps` must be >= 0"):
+        losses.masked_whiten(x, m, eps=-1.0)
+
+
 @pytest.mark.parametrize("eps_mode", ["add", "max", "std"])
 def test_whiten_of_equal_entries_is_zero_whatever_eps(eps_mode):
     """Equal valid entries (every answer right) and an all-invalid slice: exactly 0 (the mean

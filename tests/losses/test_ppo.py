@@ -442,6 +442,19 @@ def test_bool_mask_equals_float_mask():
     assert float(a) == float(b)
 
 
+@pytest.mark.parametrize(("clip_low", "clip_high"), [(0.0, 0.0), (0.0, 0.2), (0.2, 0.0)])
+def test_a_zero_clip_keeps_the_on_policy_gradient(clip_low, clip_high):
+    """Ratio ≡ 1 sits on a zero clip's bound: the gradient is still REINFORCE's (torch's clamp
+    passes it on the bound; `jnp.clip` halved it, giving 0.625×)."""
+    lp = jnp.log(jnp.array([[0.5, 0.4, 0.3]]))
+    adv, m = jnp.array([[1.0, -1.0, 2.0]]), jnp.ones((1, 3))
+    want = jax.grad(lambda x: reinforce_loss(x, adv, m)[0])(lp)
+    got = jax.grad(
+        lambda x: ppo_clip_loss(x, None, adv, m, clip_low=clip_low, clip_high=clip_high)[0]
+    )(lp)
+    assert_close(got, want)
+
+
 def _trace(fn, *args, **kw):
     """Trace without compiling: shape/dtype/option errors are raised at trace time."""
     return jax.eval_shape(lambda *a: fn(*a, **kw), *args)
@@ -455,6 +468,11 @@ def test_bad_input_errors_name_the_problem():
             _trace(ppo_clip_loss, lp, lp, lp, m, dual_clip=bad)
     with pytest.raises(ValueError, match="`ratio_cap` must be > 1"):
         _trace(ppo_clip_loss, lp, lp, lp, m, ratio_cap=1.0)
+    # concrete arrays are checked like numbers; NaN passes no comparison and is refused
+    with pytest.raises(ValueError, match="`dual_clip` must be > 1"):
+        _trace(ppo_clip_loss, lp, lp, lp, m, dual_clip=jnp.array(0.5))
+    with pytest.raises(ValueError, match="`clip_high` must be >= 0, got nan"):
+        _trace(ppo_clip_loss, lp, lp, lp, m, clip_high=float("nan"))
     with pytest.raises(ValueError, match="`clip_low` must be >= 0"):
         _trace(ppo_clip_loss, lp, lp, lp, m, clip_low=-0.1)
     with pytest.raises(

@@ -232,6 +232,29 @@ def test_on_policy_gradient_is_the_plain_policy_gradient(name):
     np.testing.assert_allclose(grad, -a["adv"] * a["mask"] / a["mask"].sum(), rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize(("estimator", "clamped"), [("k2", False), ("abs", False), ("k3", True)])
+def test_kl_loss_term_clamps_only_k3(estimator, clamped):
+    """k3 as a loss is clamped to ±10 (verl's low_var_kl); k2 and abs are not (verl's mse / abs):
+    a clamp there zeroed the gradient of tokens that drifted by more than √20 from the reference."""
+    cfg = AlgorithmConfig(kl=KLConfig(mode="loss", coef=1.0, estimator=estimator))
+    assert cfg.kl.loss_clamp == (10.0 if clamped else None)
+    a = _arrays(seed=6)
+    batch = _batch(a)._replace(old_logp=None, advantages=jnp.zeros((N, T)))
+    norms = count_normalizers(batch.completion_mask)
+    lp = np.asarray(a["ref"], np.float32).copy()
+    lp[0, 0] -= 12.0  # d = −12: k2 = 72, |d| = 12, k3 ≈ e^12 — all beyond the clamp
+
+    def kl_part(x):
+        return rl_loss(cfg, batch, norms, logp=x, entropy=jnp.zeros((N, T)), kl_coef=1.0)[0]
+
+    g = np.asarray(jax.grad(kl_part)(jnp.asarray(lp)))
+    if clamped:
+        assert g[0, 0] == 0.0
+    else:
+        slope = {"k2": -12.0, "abs": -1.0}[estimator]
+        np.testing.assert_allclose(g[0, 0], slope / a["mask"].sum(), rtol=1e-5)
+
+
 def test_kl_controller_is_fixed_or_adaptive():
     fixed = kl_controller(KLConfig(mode="loss", coef=0.2))
     assert float(fixed.update(fixed.init(), 5.0, 64).beta) == pytest.approx(0.2)

@@ -17,6 +17,7 @@ holding a `transformers` tokenizer (nothing is downloaded).
 
 from __future__ import annotations
 
+import functools
 import pathlib
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -145,13 +146,30 @@ class HFTokenizer(_BatchEncoding):
         self.vocab_size = len(tokenizer)
 
     def encode(self, text: str, *, add_bos: bool = True, add_eos: bool = False) -> list[int]:
-        """Token ids of `text` (the tokenizer's own special tokens when `add_bos`, unless the
-        text already starts with its BOS, as a Llama or Gemma chat template's output does:
-        then nothing is added, as `transformers`' `apply_chat_template(tokenize=True)`)."""
+        """Token ids of `text`: with `add_bos`, the special tokens the tokenizer puts *before* a
+        text (its BOS, a BERT-style CLS; none for Qwen), unless the text already starts with
+        its BOS, as a Llama or Gemma chat template's output does (then nothing is added, as
+        `transformers`' `apply_chat_template(tokenize=True)`). The tokens a post-processor
+        appends (a Llama tokenizer saved with `add_eos_token=True`) are never added: a prompt
+        ending in EOS would ask the sampler to continue after the end; `add_eos` appends one."""
         bos = self.tokenizer.bos_token
-        specials = add_bos and not (bos and text.startswith(bos))
-        ids = self.tokenizer.encode(text, add_special_tokens=specials)
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        if add_bos and not (bos and text.startswith(bos)):
+            ids = self.leading_special_ids + ids
         return ids + [self.eos_id] * (add_eos and self.eos_id is not None)
+
+    @functools.cached_property
+    def leading_special_ids(self) -> list[int]:
+        """The special tokens the tokenizer's post-processor puts before a text (probed once)."""
+        with_specials = list(self.tokenizer.encode("a", add_special_tokens=True))
+        plain = list(self.tokenizer.encode("a", add_special_tokens=False))
+        for start in range(len(with_specials) - len(plain) + 1):
+            if with_specials[start : start + len(plain)] == plain:
+                return with_specials[:start]
+        raise ValueError(  # a post-processor that rewrites the text's own tokens
+            f"cannot tell which special tokens this tokenizer puts before a text: 'a' encodes "
+            f"to {with_specials} with its special tokens and to {plain} without them."
+        )
 
     def decode(self, ids: Sequence[int], *, skip_special: bool = True) -> str:
         """Text of `ids`."""

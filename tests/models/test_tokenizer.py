@@ -122,6 +122,38 @@ def test_a_chat_template_that_writes_the_bos_gets_it_once(tmp_path):
     assert tok.encode("the cat") == [1, 4, 5]  # plain text: the post-processor's BOS
 
 
+def test_a_post_processor_eos_does_not_end_the_prompt(tmp_path):
+    """A tokenizer whose post-processor writes `<s> $A </s>` (a Llama tokenizer saved with
+    add_eos_token=True): a prompt gets the BOS only (it ended in EOS, so the sampler continued
+    after the end) and `add_eos` adds one EOS, not two."""
+    tokenizers = pytest.importorskip("tokenizers")
+    transformers = pytest.importorskip("transformers")
+    from jaxrl_llm.data import TemplateConfig, make_prompt_batch
+
+    words = ["<pad>", "<s>", "</s>", "<unk>", "the", "cat"]
+    backend = tokenizers.Tokenizer(
+        tokenizers.models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>")
+    )
+    backend.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    backend.post_processor = tokenizers.processors.TemplateProcessing(
+        single="<s> $A </s>", special_tokens=[("<s>", 1), ("</s>", 2)]
+    )
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+        unk_token="<unk>",
+    )  # fmt: skip
+    assert fast.encode("the cat") == [1, 4, 5, 2]  # what the tokenizer itself does
+    fast.save_pretrained(tmp_path)
+    tok = load_tokenizer(tmp_path)
+    assert tok.encode("the cat") == [1, 4, 5]
+    assert tok.encode("the cat", add_eos=True) == [1, 4, 5, 2]
+    assert tok.encode("the cat", add_bos=False) == [4, 5]
+    batch = make_prompt_batch(
+        [{"prompt": "the cat"}], template=TemplateConfig(), tokenizer=tok, answer_field=None
+    )
+    assert np.asarray(batch.prompt_tokens)[0].tolist() == [1, 4, 5]
+
+
 def test_tokenizer_errors(tmp_path):
     with pytest.raises(ValueError, match="is not a local directory"):
         load_tokenizer(tmp_path / "missing")

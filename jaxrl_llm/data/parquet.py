@@ -1,8 +1,9 @@
 """Local Parquet files, read with `pyarrow` (an optional dependency: `pip install -e '.[data]'`).
 
 `pyarrow` is imported only when a Parquet file is read. Binary columns are decoded as UTF-8
-(a row that is not UTF-8 is reported with its 0-based row index), string columns come back as
-text, and every record goes through the same checks as JSONL (`records.clean_record`).
+(a row whose template or answer column is not UTF-8 is reported with its 0-based row index;
+other columns that are not text, e.g. an image's bytes, stay bytes), string columns come back
+as text, and every record goes through the same checks as JSONL (`records.clean_record`).
 """
 
 from __future__ import annotations

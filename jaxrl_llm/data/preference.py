@@ -39,7 +39,7 @@ import numpy as np
 
 from jaxrl_llm.config import ConfigError
 from jaxrl_llm.data.jsonl import read_jsonl
-from jaxrl_llm.data.records import DataError, IssueLog, OnError, RecordIssue, plain_value
+from jaxrl_llm.data.records import DataError, IssueLog, OnError, RecordIssue, plain_fields
 from jaxrl_llm.data.tasks.arithmetic import ArithmeticConfig, arithmetic_examples
 from jaxrl_llm.data.templates import TemplateConfig, render_prompt
 
@@ -233,8 +233,8 @@ def check_preference_record(raw: Any, *, unpaired: bool = False) -> dict[str, An
     """
     if not isinstance(raw, Mapping):
         raise ValueError(f"expected an object of fields, got {type(raw).__name__}")
-    record = {str(k): plain_value(v, str(k)) for k, v in raw.items()}
     required = UNPAIRED_FIELDS if unpaired else PAIRED_FIELDS
+    record = plain_fields(raw, required)
     implicit = not unpaired and "prompt" not in record
     if implicit and record.get("chosen") is not None and record.get("rejected") is not None:
         record["prompt"], record["chosen"], record["rejected"] = split_implicit_prompt(

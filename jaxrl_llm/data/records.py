@@ -87,11 +87,33 @@ def plain_value(value: Any, field: str) -> Any:
     return value
 
 
+def plain_fields(raw: Mapping, required: Sequence[str]) -> dict[str, Any]:
+    """`plain_value` of every field; a field outside `required` that is not text (an image's
+    bytes, a string with an unpaired surrogate) is kept as given instead of failing the record:
+    nothing reads it as text, and a custom reward may read it as it is.
+
+    Examples:
+      >>> plain_fields({"q": b"2+2", "image": b"\\x89PNG"}, ["q"])
+      {'q': '2+2', 'image': b'\\x89PNG'}
+    """
+    record = {}
+    for key, value in raw.items():
+        name = str(key)
+        try:
+            record[name] = plain_value(value, name)
+        except ValueError:
+            if name in required:
+                raise
+            record[name] = value
+    return record
+
+
 def clean_record(raw: Any, required: Sequence[str]) -> dict[str, Any]:
     """A checked record: a mapping, every `required` field present, non-null and scalar.
 
     Required fields (those the prompt template and the reward use) must be text, a number or
-    a bool; NaN and infinite numbers are rejected. Raises `ValueError` describing the first
+    a bool; NaN and infinite numbers are rejected. Other fields are decoded when they can be
+    and kept as given when not (`plain_fields`). Raises `ValueError` describing the first
     problem.
 
     Examples:
@@ -104,7 +126,7 @@ def clean_record(raw: Any, required: Sequence[str]) -> dict[str, Any]:
     """
     if not isinstance(raw, Mapping):
         raise ValueError(f"expected an object of fields, got {type(raw).__name__}")
-    record = {str(k): plain_value(v, str(k)) for k, v in raw.items()}
+    record = plain_fields(raw, required)
     for field in required:
         if field not in record:
             raise ValueError(

@@ -178,6 +178,27 @@ def test_parquet_round_trip_and_bad_rows(tmp_path):
     assert len(load_split(cfg, "train")) == 2
 
 
+def test_an_unused_column_that_is_not_text_keeps_its_rows(tmp_path):
+    """An image's bytes beside the prompt and answer: the rows load and the column stays bytes
+    (every row was rejected as not UTF-8); the same bytes in a used column still are."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    table = pa.table(
+        {
+            "question": pa.array([b"1+1?", b"2+2?"], pa.binary()),
+            "answer": pa.array(["2", "4"], pa.string()),
+            "image": pa.array([b"\x89PNG", b"\xff\xd8"], pa.binary()),
+        }
+    )
+    path = tmp_path / "d.parquet"
+    pq.write_table(table, path)
+    records, issues = read_parquet(path, required=["question", "answer"], on_error="fail")
+    assert issues == [] and [r["image"] for r in records] == [b"\x89PNG", b"\xff\xd8"]
+    assert records[0]["question"] == "1+1?"
+    with pytest.raises(DataError, match="row 0: field 'image' is not valid UTF-8"):
+        read_parquet(path, required=["question", "image"])
+
+
 def test_corrupt_parquet_is_a_data_error(tmp_path):
     pytest.importorskip("pyarrow")
     path = write(tmp_path, b"not parquet", "d.parquet")

@@ -71,6 +71,12 @@ def filter_logits(
     """
     if scaled.ndim != 2:
         raise ValueError(f"filter_logits: `scaled` must be [N, V], got shape {scaled.shape}.")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"filter_logits: `top_k` must be None or an int >= 1, got {top_k!r}.")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ValueError(f"filter_logits: `top_p` must be None or in (0, 1], got {top_p!r}.")
+    if min_p is not None and not 0 <= min_p <= 1:
+        raise ValueError(f"filter_logits: `min_p` must be None or in [0, 1], got {min_p!r}.")
     V = scaled.shape[-1]
     neg_inf = jnp.asarray(-jnp.inf, scaled.dtype)
     top_values = None  # descending values of the top-k survivors [N, k], reused by top-p

@@ -55,6 +55,12 @@ def test_filter_no_ops_and_bad_rank():
     assert (np.isfinite(one).sum(axis=1) == 1).all()
     with pytest.raises(ValueError, match=r"`scaled` must be \[N, V\]"):
         filter_logits(z[0])
+    with pytest.raises(ValueError, match="`top_k` must be None or an int >= 1, got 0"):
+        filter_logits(z, top_k=0)  # lax.top_k failed with an internal error
+    with pytest.raises(ValueError, match="`top_p` must be None or in"):
+        filter_logits(z, top_p=0.0)
+    with pytest.raises(ValueError, match="`min_p` must be None or in"):
+        filter_logits(z, min_p=1.5)
 
 
 @pytest.mark.parametrize("setting", SETTINGS, ids=str)

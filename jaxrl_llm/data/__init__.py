@@ -36,7 +36,7 @@ from jaxrl_llm.data.preference import (
     truncate_tokens,
     write_preference_jsonl,
 )
-from jaxrl_llm.data.records import DataError, RecordIssue, clean_record, plain_value
+from jaxrl_llm.data.records import DataError, RecordIssue, clean_record, plain_fields, plain_value
 from jaxrl_llm.data.sources import DataConfig, load_split, parse_source
 from jaxrl_llm.data.tasks import (
     ArithmeticConfig,
@@ -82,6 +82,7 @@ __all__ = [
     "make_prompt_batch",
     "next_batch",
     "parse_source",
+    "plain_fields",
     "plain_value",
     "read_jsonl",
     "read_parquet",

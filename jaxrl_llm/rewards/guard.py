@@ -102,6 +102,8 @@ class RewardScores(NamedTuple):
       failures: every failure found in the batch.
       metrics: flat dict of floats: `reward/<name>/mean` (over rows where the function
         succeeded), `reward/<name>/failures`, `reward/failures/<kind>`, `reward/dropped_groups`.
+      failed: `[N, K]` bool, True where function `k` failed on the row (its reward is then the
+        failure score, not a judgement of the completion); None only in a hand-built value.
 
     Examples:
       >>> s = RewardScores(np.zeros((2, 1), np.float32), np.ones(2, bool), (), {})
@@ -113,6 +115,7 @@ class RewardScores(NamedTuple):
     valid: np.ndarray
     failures: tuple[RewardFailure, ...]
     metrics: dict[str, float]
+    failed: np.ndarray | None = None
 
 
 class CallTimeoutError(TimeoutError):
@@ -193,7 +196,10 @@ def _entry_value(entry: Any) -> tuple[float | None, str, str]:
         return None, "none", "returned None"
     if not isinstance(entry, numbers.Real):
         return None, "wrong_type", f"returned {type(entry).__name__} {_short(entry)}, not a number"
-    value = float(entry)
+    try:
+        value = float(entry)
+    except OverflowError:  # a Python int beyond any float
+        return None, "nonfinite", f"returned {_short(entry)}, beyond float32's range"
     if not math.isfinite(value):
         return None, "nonfinite", f"returned {value}"
     if abs(value) > _FLOAT32_MAX:  # the rewards are stored as float32: it would become inf
@@ -378,7 +384,7 @@ def score_rewards(
       isolate: when a batched call raises, re-score it row by row to find the failing rows.
 
     Returns:
-      `RewardScores(rewards[N,K] float32, valid[N] bool, failures, metrics)`.
+      `RewardScores(rewards[N,K] float32, valid[N] bool, failures, metrics, failed[N,K] bool)`.
 
     Examples:
       >>> from jaxrl_llm.rewards.registry import RewardFunctionConfig, resolve_reward_function
@@ -446,7 +452,7 @@ def score_rewards(
             name,
             on_failure,
         )
-    return RewardScores(rewards, valid, tuple(failures), metrics)
+    return RewardScores(rewards, valid, tuple(failures), metrics, failed)
 
 
 def reward_metric_names(function_names: Sequence[str]) -> list[str]:

@@ -45,7 +45,7 @@ def score_completions(
         them (`decode_completions`); default the tokenizer's EOS.
 
     Returns:
-      `RewardScores(rewards[B·G, K], valid[B·G], failures, metrics)`.
+      `RewardScores(rewards[B·G, K], valid[B·G], failures, metrics, failed[B·G, K])`.
 
     Examples:
       >>> from jaxrl_llm.tokenizer import ByteTokenizer

@@ -74,12 +74,14 @@ def pass_at_k(num_samples: int, num_correct: np.ndarray, k: int) -> np.ndarray:
 
 def _correct(
     ctx: RunContext, batch: Any, rollout: Any, in_graph: Any, group_size: int
-) -> np.ndarray:
-    """`[B·G]` bool: the first reward function gives the completion >= 1."""
+) -> tuple[np.ndarray, int]:
+    """`([B·G] bool, failures)`: the first reward function gives the completion >= 1, on rows
+    where it did not fail (a failed row's failure score is no answer, right or wrong) and that
+    no dropped group holds; `failures` counts the rows where it failed."""
     tokens, mask, in_graph = fetch_global(
         (rollout.completion_tokens, rollout.completion_mask, in_graph)
     )
-    rewards, _, _ = component_rewards(
+    rewards, valid, failed, _ = component_rewards(
         ctx.config,
         ctx.reward_functions[:1],
         batch,
@@ -89,7 +91,7 @@ def _correct(
         ctx.tokenizer,
         group_size,
     )
-    return rewards[:, 0] >= 1.0
+    return (rewards[:, 0] >= 1.0) & valid & ~failed[:, 0], failed[:, 0]
 
 
 def evaluate_policy(
@@ -106,7 +108,9 @@ def evaluate_policy(
 
     Returns:
       `{"eval/accuracy_greedy", "eval/accuracy", "eval/pass@k" for each k,
-      "eval/num_prompts", "eval/samples", "time/eval_s"}`; `{}` when the data has no eval split.
+      "eval/num_prompts", "eval/samples", "time/eval_s"}`, and with host reward functions
+      `"eval/reward_failures"` (the greedy and sampled rows where the first function failed:
+      they count as not correct); `{}` when the data has no eval split.
 
     Examples:
       >>> from types import SimpleNamespace
@@ -134,15 +138,18 @@ def evaluate_policy(
         ),
         in_graph_stop_ids(ctx.config, ctx.tokenizer),
     )
-    greedy_hits, sampled_hits = [], []
+    greedy_hits, sampled_hits, failures = [], [], 0
     for i, (indices, valid) in enumerate(eval_batches(len(examples), B)):
         batch = prompt_batch(ctx.task, [examples[j] for j in indices], config, ctx.tokenizer)
         arrays = (batch.prompt_tokens, batch.prompt_mask, batch.answer_tokens, batch.answer_lengths)
         batch_key = jax.random.fold_in(key, i)
         g_rollout, g_reward = run_rollout(ctx, greedy, params, frozen, arrays, batch_key, 1)
         s_rollout, s_reward = run_rollout(ctx, sampled, params, frozen, arrays, batch_key, n)
-        greedy_hits.append(_correct(ctx, batch, g_rollout, g_reward, 1)[valid])
-        sampled_hits.append(_correct(ctx, batch, s_rollout, s_reward, n).reshape(B, n)[valid])
+        g_ok, g_failed = _correct(ctx, batch, g_rollout, g_reward, 1)
+        s_ok, s_failed = _correct(ctx, batch, s_rollout, s_reward, n)
+        greedy_hits.append(g_ok[valid])
+        sampled_hits.append(s_ok.reshape(B, n)[valid])
+        failures += int(g_failed[valid].sum() + s_failed.reshape(B, n)[valid].sum())
     greedy_ok = np.concatenate(greedy_hits)
     sampled_ok = np.concatenate(sampled_hits)
     correct = sampled_ok.sum(axis=1)
@@ -152,6 +159,8 @@ def evaluate_policy(
         "eval/num_prompts": float(len(examples)),
         "eval/samples": float(n),
     }
+    if not config.rewards.jax_native:  # host functions: a failed call counts as not correct
+        metrics["eval/reward_failures"] = float(failures)
     for k in config.train.eval_pass_k:
         metrics[f"eval/pass@{k}"] = float(pass_at_k(n, correct, k).mean())
     metrics["time/eval_s"] = time.perf_counter() - started

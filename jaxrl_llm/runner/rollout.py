@@ -227,7 +227,7 @@ def _sample_part(
         )
     )
     sampled = time.perf_counter()
-    rewards, valid, fn_metrics = component_rewards(
+    rewards, valid, failed, fn_metrics = component_rewards(
         config,
         ctx.reward_functions,
         batch,
@@ -237,7 +237,7 @@ def _sample_part(
         ctx.tokenizer,
         G,
     )
-    scores = combine_rewards(config, rewards, valid, lengths, G, truncated)
+    scores = combine_rewards(config, rewards, valid, lengths, G, truncated, failed)
     part = {
         "rollout": rollout,
         "scores": scores,

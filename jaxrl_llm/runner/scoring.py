@@ -86,8 +86,10 @@ def component_rewards(
     in_graph: np.ndarray | None,
     tokenizer: Any,
     group_size: int,
-) -> tuple[np.ndarray, np.ndarray, dict[str, float]]:
-    """`(rewards[N, K], valid[N], metrics)` from the in-graph scores or the host functions.
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, float]]:
+    """`(rewards[N, K], valid[N], failed[N, K], metrics)` from the in-graph scores or the host
+    functions; `failed` marks the rows where a function failed (their reward is the failure
+    score).
 
     Examples:
       >>> from jaxrl_llm.runner.config import ModelSection
@@ -95,13 +97,14 @@ def component_rewards(
       >>> from jaxrl_llm.rewards import RewardConfig
       >>> cfg = RunConfig(model=ModelSection(checkpoint="/m"), sft=SFTConfig(),
       ...                 rewards=RewardConfig(jax_native=True))
-      >>> r, valid, _ = component_rewards(cfg, [], None, None, None, np.array([1.0, 0.0]), None, 2)
-      >>> r.tolist(), valid.tolist()
-      ([[1.0], [0.0]], [True, True])
+      >>> r, valid, failed, _ = component_rewards(
+      ...     cfg, [], None, None, None, np.array([1.0, 0.0]), None, 2)
+      >>> r.tolist(), valid.tolist(), failed.tolist()
+      ([[1.0], [0.0]], [True, True], [[False], [False]])
     """
     if in_graph is not None:
         rewards = np.asarray(in_graph, np.float32)[:, None]
-        return rewards, np.ones(rewards.shape[0], bool), {}
+        return rewards, np.ones(rewards.shape[0], bool), np.zeros(rewards.shape, bool), {}
     if jax.process_count() > 1:
         return _score_on_processes(
             config, functions, batch, completion_tokens, completion_mask, tokenizer, group_size
@@ -117,7 +120,7 @@ def component_rewards(
         group_size=group_size,
         stop_ids=run_stop_ids(config, tokenizer),
     )
-    return scores.rewards, scores.valid, scores.metrics
+    return scores.rewards, scores.valid, scores.failed, scores.metrics
 
 
 def process_groups(num_groups: int, num_processes: int, process: int) -> range:
@@ -143,7 +146,7 @@ def _score_on_processes(
     completion_mask: np.ndarray,
     tokenizer: Any,
     group_size: int,
-) -> tuple[np.ndarray, np.ndarray, dict[str, float]]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, float]]:
     """`component_rewards` in a multi-process job: this process scores its `process_groups`,
     then every process gathers all the blocks (`gather_from_processes`, padded to ⌈B / P⌉
     groups). A reward function is called once per completion in the whole job, and every
@@ -156,6 +159,7 @@ def _score_on_processes(
         "failed": np.asarray(False),
         "rewards": np.zeros((width, len(functions)), np.float32),
         "valid": np.zeros(width, bool),
+        "row_failed": np.zeros((width, len(functions)), bool),
         "metrics": np.zeros(len(names), np.float64),
     }
     mine, error = process_groups(B, P, jax.process_index()), None
@@ -178,6 +182,7 @@ def _score_on_processes(
         else:
             local["rewards"][: rows.stop - rows.start] = scores.rewards
             local["valid"][: rows.stop - rows.start] = scores.valid
+            local["row_failed"][: rows.stop - rows.start] = scores.failed
             local["metrics"][:] = [scores.metrics[name] for name in names]
     gathered = gather_from_processes(local)
     if error is not None:
@@ -187,10 +192,11 @@ def _score_on_processes(
 
 def _join_process_scores(
     gathered: dict[str, np.ndarray], names: list[str], num_groups: int, group_size: int
-) -> tuple[np.ndarray, np.ndarray, dict[str, float]]:
-    """`(rewards[N, K], valid[N], metrics)` of the whole batch from every process's block of
-    groups (`_score_on_processes`): `gathered` holds, per process `p` (leading axis), `failed`,
-    `rewards` and `valid` padded to ⌈B / P⌉ groups, and the metric values in `names` order.
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, float]]:
+    """`(rewards[N, K], valid[N], failed[N, K], metrics)` of the whole batch from every
+    process's block of groups (`_score_on_processes`): `gathered` holds, per process `p`
+    (leading axis), `failed` (scoring raised there), `rewards`, `valid` and `row_failed` padded
+    to ⌈B / P⌉ groups, and the metric values in `names` order.
 
     Raises:
       RewardFunctionError: scoring failed on a process; that process's log has the example.
@@ -201,8 +207,8 @@ def _join_process_scores(
       >>> metrics[:, 0] = [1.0, 0.0]  # reward/acc/mean of each process's rows
       >>> gathered = {"failed": np.array([False, False]), "metrics": metrics,
       ...             "rewards": np.array([[[1.0], [1.0]], [[0.0], [0.0]]], np.float32),
-      ...             "valid": np.ones((2, 2), bool)}
-      >>> rewards, valid, m = _join_process_scores(gathered, names, num_groups=3, group_size=1)
+      ...             "valid": np.ones((2, 2), bool), "row_failed": np.zeros((2, 2, 1), bool)}
+      >>> rewards, valid, _, m = _join_process_scores(gathered, names, num_groups=3, group_size=1)
       >>> rewards[:, 0].tolist(), m["reward/acc/mean"]  # the padding row is left out
       ([1.0, 1.0, 0.0], 0.6666666666666666)
     """
@@ -216,8 +222,9 @@ def _join_process_scores(
     rows = [len(process_groups(num_groups, P, p)) * group_size for p in range(P)]
     rewards = np.concatenate([gathered["rewards"][p, :n] for p, n in enumerate(rows)])
     valid = np.concatenate([gathered["valid"][p, :n] for p, n in enumerate(rows)])
+    row_failed = np.concatenate([gathered["row_failed"][p, :n] for p, n in enumerate(rows)])
     parts = [dict(zip(names, map(float, values), strict=True)) for values in gathered["metrics"]]
-    return rewards, valid, merge_reward_metrics(parts, rows)
+    return rewards, valid, row_failed, merge_reward_metrics(parts, rows)
 
 
 def combine_rewards(
@@ -227,9 +234,11 @@ def combine_rewards(
     lengths: np.ndarray,
     group_size: int,
     truncated: np.ndarray | None = None,
+    failed: np.ndarray | None = None,
 ) -> Scores:
     """Shaping and combination of `rewards[N, K]` (module docstring); metrics are filled by
-    `reward_metrics`.
+    `reward_metrics`. `correct` (the accuracy metrics) is the first function's reward >= 1 on
+    rows where it did not fail (`failed[N, K]`; a failure score of 1 is no right answer).
 
     Examples:
       >>> from jaxrl_llm.runner.config import ModelSection, TrainConfig, OverlongConfig
@@ -276,6 +285,8 @@ def combine_rewards(
             np.float32,
         )
     correct = rewards[:, 0] >= 1.0
+    if failed is not None:
+        correct &= ~np.asarray(failed, bool)[:, 0]
     return Scores(total=total, signal=signal, valid=valid, correct=correct, metrics={})
 
 

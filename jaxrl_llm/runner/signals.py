@@ -2,8 +2,11 @@
 
 `GracefulStop` installs handlers that only record the signal; the loop checks `requested`
 after each step, writes a checkpoint and returns. A second signal of the same kind restores
-the previous handler's behaviour immediately (a second Ctrl-C interrupts at once). Handlers are
-installed only in the main thread (Python delivers signals there) and are restored on exit.
+the previous handler's behaviour immediately (a second Ctrl-C interrupts at once); a SIGTERM
+after a Ctrl-C (a scheduler's) is recorded like the first and the stop stays graceful. A signal
+the process ignored before the run (`SIG_IGN`, e.g. SIGINT of a background job) stays ignored.
+Handlers are installed only in the main thread (Python delivers signals there) and are restored
+on exit.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ class GracefulStop:
     def __init__(self) -> None:
         self.signum: int | None = None
         self._previous: dict[int, Any] = {}
+        self._received: set[int] = set()
 
     @property
     def requested(self) -> bool:
@@ -42,7 +46,7 @@ class GracefulStop:
         return None if self.signum is None else signal.Signals(self.signum).name
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.signum is not None:  # a second signal: behave as before this run
+        if signum in self._received:  # a second signal of this kind: behave as before this run
             previous = self._previous.get(signum, signal.SIG_DFL)
             signal.signal(signum, previous)
             if callable(previous):
@@ -52,11 +56,15 @@ class GracefulStop:
             else:
                 signal.raise_signal(signum)
             return
-        self.signum = signum
+        self._received.add(signum)
+        if self.signum is None:
+            self.signum = signum
 
     def __enter__(self) -> GracefulStop:
         if threading.current_thread() is threading.main_thread():
             for signum in _SIGNALS:
+                if signal.getsignal(signum) is signal.SIG_IGN:
+                    continue  # ignored before the run (a background job's SIGINT): stays so
                 previous = signal.signal(signum, self._handle)
                 # None: a handler installed outside Python, which Python cannot reinstall
                 self._previous[signum] = signal.SIG_DFL if previous is None else previous
@@ -66,3 +74,4 @@ class GracefulStop:
         for signum, previous in self._previous.items():
             signal.signal(signum, previous)
         self._previous = {}
+        self._received = set()

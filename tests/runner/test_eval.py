@@ -117,6 +117,18 @@ def test_eval_command_on_a_trained_run(tmp_path, capsys):
     assert 0.0 < expected < 1.0  # a check that tells prompts apart
     assert result["eval/accuracy_greedy"] == pytest.approx(expected)
 
+    # a failed reward call is no answer: with failure score 1 or 0 alike it is not correct, and
+    # the failures are counted (the first row of each of 3 batches × greedy and sampled calls)
+    flaky = ["rewards.functions=[{fn: 'tests.runner.helpers:first_row_fails'}]"]
+    by_score = []
+    for score in ("1.0", "0.0"):
+        policy = [*flaky, "rewards.on_failure=score", f"rewards.failure_score={score}"]
+        assert main(["eval", GRPO, *overrides, *policy, "--run-dir", str(tmp_path)]) == 0
+        by_score.append(json.loads((tmp_path / "eval" / "step_2.json").read_text()))
+    assert by_score[0]["eval/reward_failures"] == 6.0
+    for key in ("eval/accuracy_greedy", "eval/accuracy", "eval/pass@2"):
+        assert by_score[0][key] == by_score[1][key], key
+
     assert main(["eval", GRPO, *overrides, "--checkpoint", "none", "--run-dir", str(tmp_path)]) == 0
     initial = json.loads((tmp_path / "eval" / "step_initial.json").read_text())
     assert initial["eval/accuracy_greedy"] == summary["greedy_accuracy_before_rl"]

@@ -58,10 +58,10 @@ def test_nonfinite_rewards_stop_the_cli_with_exit_status_1(capsys, tmp_path, mon
     real = rollout.component_rewards
 
     def first_row_nan(*args, **kwargs):
-        rewards, valid, metrics = real(*args, **kwargs)
+        rewards, valid, failed, metrics = real(*args, **kwargs)
         rewards = rewards.copy()
         rewards[0, 0] = np.nan
-        return rewards, valid, metrics
+        return rewards, valid, failed, metrics
 
     monkeypatch.setattr(rollout, "component_rewards", first_row_nan)
     code = main(

@@ -89,6 +89,16 @@ def test_truncation_penalty_shapes_the_total_of_truncated_rows_alike_on_host_and
     np.testing.assert_allclose(in_graph, expected, rtol=1e-6)
 
 
+def test_a_row_whose_reward_failed_is_not_correct_whatever_its_failure_score():
+    """`reward/accuracy` counted a failure score >= 1 as a right answer."""
+    cfg = _config("rewards.functions=[{fn: exact_answer}]")
+    rewards = np.array([[1.0], [1.0], [0.0], [1.0]], np.float32)
+    failed = np.array([[False], [True], [False], [True]])
+    scores = combine_rewards(cfg, rewards, np.ones(4, bool), np.full(4, 2), 2, failed=failed)
+    assert scores.correct.tolist() == [True, False, False, False]
+    np.testing.assert_array_equal(scores.total, rewards[:, 0])  # the score itself still counts
+
+
 def test_a_stop_token_ends_the_completion_for_the_host_and_the_in_graph_reward():
     """`sampling.stop_tokens` stop the sampler, and both rewards read the text before them (a
     right answer that stopped on a newline scores 1)."""
@@ -103,7 +113,7 @@ def test_a_stop_token_ends_the_completion_for_the_host_and_the_in_graph_reward()
     exact = ["sampling.stop_tokens=[10]", "rewards.functions=[{fn: exact_answer}]"]
     host = _config(*exact)
     functions = host.rewards.resolve()
-    rewards, _, _ = component_rewards(host, functions, batch, tokens, mask, None, tok, 1)
+    rewards, _, _, _ = component_rewards(host, functions, batch, tokens, mask, None, tok, 1)
     np.testing.assert_array_equal(rewards[:, 0], [1.0, 1.0, 0.0])
     native = _config(*exact, "rewards.jax_native=true")
     assert in_graph_stop_ids(native, tok) == scoring.run_stop_ids(native, tok) == (10, 258)
@@ -350,14 +360,16 @@ def test_processes_score_their_groups_and_agree_with_one_process(monkeypatch, nu
     one = score()
     outcomes = _as_processes(monkeypatch, num_processes, score)
     assert len(outcomes) == num_processes
-    for rewards, valid, metrics in outcomes:
+    for rewards, valid, failed, metrics in outcomes:
         np.testing.assert_array_equal(rewards, one[0])
         np.testing.assert_array_equal(valid, one[1])
+        np.testing.assert_array_equal(failed, one[2])
         assert valid.tolist() == [True] * 4 + [False] * 2
-        assert metrics.keys() == one[2].keys()
-        for key, value in one[2].items():
+        assert metrics.keys() == one[3].keys()
+        for key, value in one[3].items():
             assert metrics[key] == pytest.approx(value, rel=1e-6), key  # float32 np.mean
-    assert one[2]["reward/exact_answer/mean"] == pytest.approx(4 / 6)
+    assert one[3]["reward/exact_answer/mean"] == pytest.approx(4 / 6)
+    assert one[2][:, 1].tolist() == [False] * 4 + [True, True]  # "7…" gives None: failed
 
     config = _config("rewards.on_failure=fail")  # a failure on the last block only
     outcomes = _as_processes(monkeypatch, num_processes, score)

@@ -85,6 +85,10 @@ def huge_on_three(prompts, completions, **_):  # finite in float64, inf once sto
     return [1e39 if c == "3" else 0.0 for c in completions]
 
 
+def int_too_big_on_three(prompts, completions, **_):  # float() of it raises OverflowError
+    return [10**400 if c == "3" else 0 for c in completions]
+
+
 def rf(fn, name=None):
     return RewardFunction(name or fn.__name__, fn, 1.0)
 
@@ -111,6 +115,7 @@ def test_clean_batch_scores_every_function():
         (nan_on_boom, "nonfinite", [3]),
         (inf_on_three, "nonfinite", [1]),
         (huge_on_three, "nonfinite", [1]),
+        (int_too_big_on_three, "nonfinite", [1]),
         (text_on_boom, "wrong_type", [3]),
         (one_short, "wrong_length", list(range(N))),
         (scalar, "wrong_type", list(range(N))),
@@ -131,6 +136,7 @@ def test_score_policy_replaces_exactly_the_failed_entries(fn, kind, rows):
     assert out.metrics[f"reward/{fn.__name__}/failures"] == len(rows)
     assert out.metrics[f"reward/failures/{kind}"] == len(out.failures) >= 1
     assert out.metrics["reward/correct/failures"] == 0
+    np.testing.assert_array_equal(out.failed, np.stack([np.zeros(N, bool), failed], axis=1))
 
 
 @pytest.mark.parametrize(

@@ -144,7 +144,10 @@ def _add_run_parsers(sub: Any) -> None:
     )
     train.add_argument("config", help="the run's YAML config (e.g. configs/grpo.yaml)")
     train.add_argument(
-        "overrides", nargs="*", help="config overrides KEY.SUB=VALUE (values parsed as YAML)"
+        "overrides",
+        nargs="*",
+        default=[],
+        help="config overrides KEY.SUB=VALUE (values parsed as YAML)",
     )
     train.add_argument(
         "--resume", action="store_true", help="continue from the run's newest checkpoint"
@@ -154,7 +157,7 @@ def _add_run_parsers(sub: Any) -> None:
         "eval", help="evaluate a run's checkpoint on the eval split", allow_abbrev=False
     )
     evaluate.add_argument("config", help="the run's YAML config")
-    evaluate.add_argument("overrides", nargs="*", help="config overrides KEY.SUB=VALUE")
+    evaluate.add_argument("overrides", nargs="*", default=[], help="config overrides KEY.SUB=VALUE")
     evaluate.add_argument(
         "--checkpoint", default="latest", help="a step, 'latest' (default) or 'none' (untrained)"
     )

@@ -238,6 +238,8 @@ def _to_number(value: Any) -> int | float:
 
 
 _TAG_CHARACTERS = re.compile(r"[^-/\w.]")  # what tensorboardX replaces by "_" in a tag
+# the library's own keys that TensorBoard shows renamed, documented (pass@k → pass_k): no warning
+_KNOWN_RENAMES = re.compile(r"(.+/)?pass@\d+")
 
 
 def _format(value: float) -> str:
@@ -492,7 +494,8 @@ class MetricsLogger:
 
     def _tag(self, key: str) -> str:
         """The TensorBoard tag of `key`, with a warning the first time it differs from the key
-        or collides with another key's tag."""
+        (except the library's `pass@k` keys, shown as `pass_k`) or collides with another key's
+        tag."""
         tag = _TAG_CHARACTERS.sub("_", key)
         owner = self._tags.setdefault(tag, key)
         if owner != key:
@@ -504,7 +507,7 @@ class MetricsLogger:
                 RuntimeWarning,
                 stacklevel=3,
             )
-        elif tag != key and key not in self._renamed:
+        elif tag != key and key not in self._renamed and not _KNOWN_RENAMES.fullmatch(key):
             self._renamed.add(key)
             warnings.warn(
                 f"MetricsLogger: metric '{key}' is the TensorBoard tag '{tag}' (its tags allow "

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 import pathlib
 import typing
 from collections.abc import Mapping, Sequence
@@ -25,6 +26,9 @@ import yaml
 from jaxrl_llm.config import ConfigError, build, load_yaml, parse_yaml
 from jaxrl_llm.config import _convert as convert_value
 from jaxrl_llm.runner.config import RunConfig
+from jaxrl_llm.train.algorithms import PRESETS, AlgorithmConfig
+
+log = logging.getLogger(__name__)
 
 
 def parse_override(text: str) -> tuple[tuple[str, ...], Any]:
@@ -160,4 +164,46 @@ def load_run_config(
         data["run_dir"] = str(run_dir)
     elif data.get("run_dir") is None:
         data["run_dir"] = str(pathlib.Path("runs") / path.stem)
-    return build_run_config(data)
+    config = build_run_config(data)
+    warning = _preset_label_warning(data.get("algorithm"), config.algorithm)
+    if warning:
+        log.warning("%s", warning)
+    return config
+
+
+def _preset_label_warning(section: Any, algorithm: AlgorithmConfig | None) -> str | None:
+    """A warning when `algorithm.name` is a preset's name but does not describe the settings:
+    the name is only a label, so `algorithm: {name: dapo}` (or `algorithm.name=dapo` on another
+    preset's file) trains something else under DAPO's name. None when it describes them, is
+    no preset's name, or differs from its preset only by deliberate changes to its fields.
+
+    Examples:
+      >>> from jaxrl_llm.train import PRESETS
+      >>> print(_preset_label_warning({"name": "dapo"}, dataclasses.replace(
+      ...     PRESETS["grpo"], name="dapo")))  # doctest: +ELLIPSIS
+      algorithm.name is 'dapo', but the settings are those of the 'grpo' preset: ...
+      >>> _preset_label_warning({}, PRESETS["dapo"]) is None
+      True
+    """
+    if algorithm is None or algorithm.name not in PRESETS:
+        return None
+    name = algorithm.name
+    if dataclasses.replace(algorithm, name=PRESETS[name].name) == PRESETS[name]:
+        return None
+    others = [
+        other
+        for other, config in PRESETS.items()
+        if other != name and dataclasses.replace(algorithm, name=config.name) == config
+    ]
+    hint = (
+        f"the name is only a label for logs; for the {name!r} preset start from "
+        f"configs/{name}.yaml (or jaxrl_llm.train.preset({name!r}))"
+    )
+    if others:
+        return f"algorithm.name is {name!r}, but the settings are those of the {others[0]!r} preset: {hint}."
+    if isinstance(section, Mapping) and set(section) == {"name"}:
+        return (
+            f"algorithm: {{name: {name}}} gives the default settings, not the {name!r} "
+            f"preset's: {hint}."
+        )
+    return None

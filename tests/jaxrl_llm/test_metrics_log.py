@@ -299,18 +299,19 @@ def test_print_lines_follow_print_every_whatever_the_log_interval(tmp_path):
 
 def test_tensorboard_tags_that_tensorboardx_renames_are_warned_once(tmp_path):
     with MetricsLogger(tmp_path, console=False) as log:
-        with pytest.warns(
-            RuntimeWarning, match="'eval/pass@1' is the TensorBoard tag 'eval/pass_1'"
-        ):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # the library's own pass@k keys: documented, silent
             log.log(1, {"eval/pass@1": 0.5, "reward/mean": 0.25})
+        with pytest.warns(RuntimeWarning, match="'my metric' is the TensorBoard tag 'my_metric'"):
+            log.log(1, {"my metric": 1.0})
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # not repeated
-            log.log(2, {"eval/pass@1": 0.75})
+            log.log(2, {"eval/pass@1": 0.75, "my metric": 2.0})
         with pytest.warns(RuntimeWarning, match="'eval/pass@1' and 'eval/pass_1' share"):
             log.log(3, {"eval/pass_1": 1.0})
     tags = {tag for tag, *_ in _scalar_events(tmp_path)}
-    assert tags == {"eval/pass_1", "reward/mean"}
-    assert [r.get("eval/pass@1") for r in read_metrics(tmp_path)] == [0.5, 0.75, None]
+    assert tags == {"eval/pass_1", "reward/mean", "my_metric"}
+    assert [r.get("eval/pass@1") for r in read_metrics(tmp_path)] == [0.5, None, 0.75, None]
 
 
 def _open_files(path) -> list[str]:

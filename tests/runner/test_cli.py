@@ -45,6 +45,21 @@ def test_overrides_create_sections_and_replace_values():
     assert cfg.model.init.hidden_size == 16 and cfg.optim.name == "sgd"
 
 
+def test_a_preset_name_on_other_settings_is_warned_about(caplog):
+    """`algorithm.name` is only a label: naming a preset over another preset's settings (or
+    over the defaults) trained something else under that name without a word."""
+    with caplog.at_level("WARNING", logger="jaxrl_llm.runner.overrides"):
+        load_run_config(GRPO, [*TINY], run_dir="x")
+        assert caplog.records == []  # a preset's own file
+        load_run_config(GRPO, [*TINY, "algorithm.policy_loss.clip_high=0.28"], run_dir="x")
+        assert caplog.records == []  # a deliberate change to a preset's field
+        load_run_config(GRPO, [*TINY, "algorithm.name=dapo"], run_dir="x")
+        assert "the settings are those of the 'grpo' preset" in caplog.records[-1].getMessage()
+        load_run_config(GRPO, [*TINY, "algorithm={name: dapo}"], run_dir="x")
+        message = caplog.records[-1].getMessage()
+        assert "start from configs/dapo.yaml" in message and len(caplog.records) == 2
+
+
 @pytest.mark.parametrize(
     ("override", "message"),
     [
@@ -153,3 +168,12 @@ def test_build_run_config_prefixes_component_errors():
 def test_plan_subcommand_is_wired(capsys):
     assert main(["plan", "qwen3-0.6b", "--batch", "4", "--json"]) == 0
     assert "peak" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", ["train", "eval"])
+def test_a_missing_config_is_the_only_required_argument(capsys, command):
+    """The overrides are optional; argparse named them as required too."""
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--run-dir", "x"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().endswith("the following arguments are required: config")

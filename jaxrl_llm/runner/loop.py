@@ -50,7 +50,9 @@ from jaxrl_llm.data import IteratorState, next_batch
 from jaxrl_llm.metrics_log import (
     _RESERVED,
     DEFAULT_PLOT_KEYS,
+    DEFAULT_PROGRESS_KEYS,
     METRICS_FILE,
+    MetricsConfig,
     MetricsLogger,
     plot_curves,
     read_metrics,
@@ -318,6 +320,31 @@ def _sync_reference(
     return state
 
 
+# the progress line of runs whose metrics have no `reward/mean`, `kl/mean` or `entropy/mean`
+PROGRESS_KEYS_BY_KIND = {
+    "sft": ("sft/nll", "perf/tokens_per_sec"),
+    "preference": ("loss/total", "pref/accuracy", "pref/margin", "perf/tokens_per_sec"),
+    "reward_model": ("loss/total", "rm/accuracy", "rm/margin", "perf/tokens_per_sec"),
+}
+
+
+def metrics_config(config: RunConfig) -> MetricsConfig:
+    """`config.metrics`, with the progress line of an SFT, preference or reward-model run
+    showing its own metrics when `metrics.progress_keys` is left at the (RL) default.
+
+    Examples:
+      >>> from jaxrl_llm.runner.config import ModelSection
+      >>> from jaxrl_llm.train import SFTConfig
+      >>> cfg = RunConfig(model=ModelSection(checkpoint="/m"), sft=SFTConfig())
+      >>> metrics_config(cfg).progress_keys
+      ('sft/nll', 'perf/tokens_per_sec')
+    """
+    keys = PROGRESS_KEYS_BY_KIND.get(config.kind)
+    if keys is None or config.metrics.progress_keys != DEFAULT_PROGRESS_KEYS:
+        return config.metrics
+    return dataclasses.replace(config.metrics, progress_keys=keys)
+
+
 def _meta(
     config: dict[str, Any],
     step: int,
@@ -477,7 +504,7 @@ def run_training(prepared: PreparedRun, *, resume_command: str | None = None) ->
         evaluated = finished and any_process(bool(logged_after))  # process 0 read the file
         logger = MetricsLogger.from_config(
             ctx.run_dir,
-            config.metrics,
+            metrics_config(config),
             total_steps=steps,
             resume_step=start if meta else None,
             run_config=config_dict,

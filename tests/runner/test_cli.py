@@ -177,3 +177,21 @@ def test_a_missing_config_is_the_only_required_argument(capsys, command):
         main([command, "--run-dir", "x"])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.strip().endswith("the following arguments are required: config")
+
+
+@pytest.mark.parametrize(
+    ("config", "extra", "shown"),
+    [
+        ("grpo.yaml", [], ("reward/mean", "kl/mean", "entropy/mean", "perf/tokens_per_sec")),
+        ("sft.yaml", ["metrics={print_every: 25}"], ("sft/nll", "perf/tokens_per_sec")),
+        ("dpo.yaml", ["model.checkpoint=/m"], ("loss/total", "pref/accuracy", "pref/margin")),
+        ("reward_model.yaml", ["model.checkpoint=/m"], ("loss/total", "rm/accuracy")),
+        ("dpo.yaml", ["model.checkpoint=/m", "metrics.progress_keys=[kl/mean]"], ("kl/mean",)),
+    ],
+)
+def test_the_progress_line_shows_the_run_kinds_own_metrics(config, extra, shown):
+    """The RL default showed only tokens/s for SFT, preference and reward-model runs."""
+    from jaxrl_llm.runner.loop import metrics_config
+
+    cfg = load_run_config(str(CONFIGS / config), extra, run_dir="x")
+    assert metrics_config(cfg).progress_keys[: len(shown)] == shown

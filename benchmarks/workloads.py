@@ -19,7 +19,8 @@ all `S` keys (masked, not skipped):
 
     forward(rows, S)   = rows·(2·M·S + 4·L·H·hd·S²) + 2·D·V·rows·T      logits on T positions
     sample             = B·(2·M·P + 4·L·H·hd·P²) + 2·D·V·B              prefill, first logits
-                         + N·T·(2·M + 4·L·H·hd·(P + T) + 2·D·V)           decode over the cache
+                         + N·(T − 1)·(2·M + 4·L·H·hd·(P + T) + 2·D·V)     decode over the cache
+                                                          (the prefill's logits give token 1)
     reference log-probs = forward(N, S)
     update             = 3·forward(N, S)                                 forward + backward
     iteration          = sample + reference + update
@@ -148,13 +149,14 @@ def forward_flops(shape: ModelShape, rows: int, seq: int, logit_positions: int) 
 
 
 def sample_flops(shape: ModelShape, prompts: int, samples: int, new_tokens: int) -> int:
-    """FLOPs of the rollout: prefill of the prompts, then `T` decode steps of `N` rows."""
+    """FLOPs of the rollout: prefill of the prompts (whose logits give the first token), then
+    `T − 1` decode steps of `N` rows."""
     M = shape.num_layers * shape.layer_matmul_params
     P, T, N = PROMPT_LEN, new_tokens, prompts * samples
     attn = 4 * shape.num_layers * shape.num_heads * shape.head_dim
     DV = 2 * shape.hidden_size * shape.vocab_size
     prefill = prompts * (2 * M * P + attn * P * P) + DV * prompts
-    decode = N * T * (2 * M + attn * (P + T) + DV)
+    decode = N * (T - 1) * (2 * M + attn * (P + T) + DV)
     return prefill + decode
 
 

@@ -222,7 +222,8 @@ def test_the_workloads_flop_model_equals_a_hand_derivation():
     # 2 prompts × G = 4, P = 16, T = 16: N = 8 rows of S = 32, logits on the 16 completions
     forward = 8 * (2 * M * 32 + attn * 32 * 32) + DV * 8 * 16
     prefill = 2 * (2 * M * 16 + attn * 16 * 16) + DV * 2  # the prompts once, one logit row each
-    decode = 8 * 16 * (2 * M + attn * 32 + DV)  # every step attends over the whole P + T cache
+    # T − 1 = 15 decode steps (the prefill's logits give token 1), each over the P + T cache
+    decode = 8 * 15 * (2 * M + attn * 32 + DV)
     tiny = iteration_flops(Workload("tiny", 2, 4, 16))
     assert tiny == {
         "sample": prefill + decode,
@@ -230,8 +231,8 @@ def test_the_workloads_flop_model_equals_a_hand_derivation():
         "update": 3 * forward,
         "iteration": prefill + decode + 4 * forward,
     }
-    assert tiny["iteration"] == 215_008_000
-    assert iteration_flops(Workload("small", 8, 8, 64))["iteration"] == 166_202_454_016
+    assert tiny["iteration"] == 213_432_064
+    assert iteration_flops(Workload("small", 8, 8, 64))["iteration"] == 165_770_342_400
     # parameters: matmuls, the tied embedding once, q/k norms and the two norms of each layer
     assert MODELS["tiny"].num_params == M + 64 * 259 + 2 * (2 * 64 + 2 * 16) + 64 == 90_688
     import jax

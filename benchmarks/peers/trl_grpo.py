@@ -7,8 +7,10 @@ Run in the peers' environment. The setup a TRL user writes: a randomly initialis
 whose path goes to the trainer (TRL loads the policy and, because β > 0, the frozen reference
 from it), `GRPOTrainer` with `GRPOConfig(num_generations=G,
 per_device_train_batch_size=B·G, max_completion_length=T, beta=0.04, epsilon=0.2,
-learning_rate=1e-3, max_grad_norm=1, num_iterations=1, temperature=1, top_p=1, top_k=0)`,
-AdamW (TRL's default optimizer) with a constant learning rate and no warm-up, `use_cpu`,
+learning_rate=1e-3, max_grad_norm=1, num_iterations=1, temperature=1, top_p=1, top_k=0,
+gradient_checkpointing=False)` (TRL's default recomputes the forward in the backward, which
+neither ours nor Tunix does), AdamW (TRL's default optimizer) with a constant learning rate and
+no warm-up, `use_cpu`,
 a byte tokenizer (`ByT5Tokenizer`, 259 ids: the same vocabulary size, its own id layout;
 without the EOS it appends to every text, which TRL's prompts would otherwise end with),
 prompts left-padded by the trainer to `PROMPT_LEN` = 16 ids as ours and Tunix's
@@ -131,6 +133,7 @@ def run(w: Workload, steps: int) -> dict:
         lr_scheduler_type="constant",
         warmup_steps=0,
         weight_decay=0.0,
+        gradient_checkpointing=False,  # TRL's default (True) recomputes the forward; ours does not
         max_grad_norm=MAX_GRAD_NORM,
         temperature=1.0,
         top_p=1.0,

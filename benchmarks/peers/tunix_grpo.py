@@ -90,7 +90,7 @@ def tunix_qwen3(s, seed: int):
         num_heads=s.num_heads,
         head_dim=s.head_dim,
         num_kv_heads=s.num_kv_heads,
-        rope_theta=1_000_000,
+        rope_theta=10_000,  # ModelConfig's and transformers' Qwen3Config default: the same
         norm_eps=1e-6,
         use_tied_embedding=s.tie_embeddings,
     )
@@ -145,7 +145,7 @@ def run(w: Workload, steps: int) -> dict:
     rollout = base_rollout.RolloutConfig(
         max_tokens_to_generate=T,
         max_prompt_length=PROMPT_LEN,
-        kv_cache_size=PROMPT_LEN + T + 8,
+        kv_cache_size=PROMPT_LEN + T,  # what the rollout needs (its decode reads every slot)
         temperature=1.0,
         top_p=1.0,
         top_k=None,
@@ -154,7 +154,8 @@ def run(w: Workload, steps: int) -> dict:
     log_dir = tempfile.mkdtemp(prefix="tunix_bench_")
     training = rl_cluster_lib.RLTrainingConfig(
         actor_optimizer=optax.chain(
-            optax.clip_by_global_norm(MAX_GRAD_NORM), optax.adamw(LEARNING_RATE)
+            optax.clip_by_global_norm(MAX_GRAD_NORM),
+            optax.adamw(LEARNING_RATE, weight_decay=0.0),  # optax's default is 1e-4
         ),
         eval_every_n_steps=10**9,
         max_steps=steps,

@@ -152,6 +152,11 @@ def grpo_table(grpo: dict[str, dict]) -> list[str]:
     ]
 
 
+def _gflops(flops: int, r: dict | None, key: str = "seconds_per_step") -> float | None:
+    """`flops` per second of `r[key]`, in GFLOP/s (None without a measurement)."""
+    return flops / r[key] / 1e9 if r and r.get(key) else None
+
+
 def flops_table(grpo: dict[str, dict]) -> list[str]:
     """Model FLOP/s of the iteration and of the update step alone against the matmul peak,
     from the measured seconds and `workloads.iteration_flops` (so a change of the FLOP model
@@ -185,18 +190,14 @@ def flops_table(grpo: dict[str, dict]) -> list[str]:
         tunix = _best_tunix(grpo, w.name)
         update = loop.get("update") if _ok(loop) else None
         flops = iteration_flops(w)
-
-        def rate(r: dict | None, part: str = "iteration", key: str = "seconds_per_step") -> Any:
-            return flops[part] / r[key] / 1e9 if r and r.get(key) else None
-
         lines.append(
             f"| {w.model} {w.prompts}×{w.samples}×{w.new_tokens} | "
             f"{flops['iteration'] / 1e9:.3g} | "
-            f"{pct(rate(loop) if _ok(loop) else None)} | "
-            f"{pct(rate(comp) if _ok(comp) else None)} | "
-            f"{pct(rate(tunix) if _ok(tunix) else None)} | "
+            f"{pct(_gflops(flops['iteration'], loop) if _ok(loop) else None)} | "
+            f"{pct(_gflops(flops['iteration'], comp) if _ok(comp) else None)} | "
+            f"{pct(_gflops(flops['iteration'], tunix) if _ok(tunix) else None)} | "
             f"{_fmt(update['median_s'] if update else None)} | "
-            f"{pct(rate(update, 'update', 'median_s'))} |"
+            f"{pct(_gflops(flops['update'], update, 'median_s'))} |"
         )
     return lines
 

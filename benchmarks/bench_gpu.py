@@ -54,6 +54,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import pathlib
 import statistics
 import time
@@ -102,7 +103,7 @@ def sizes(tiny: bool) -> Sizes:
             vocab_size=259,
             hidden_size=64,
             intermediate_size=128,
-            num_layers=2,
+            num_layers=16,  # > the default layer_unroll (8): the smoke run takes the layer scan
             num_heads=4,
             num_kv_heads=2,
             head_dim=16,
@@ -253,6 +254,18 @@ def ceilings(tiny: bool, repeat: int) -> dict[str, float]:
     }
 
 
+def _guarded_profile(run: Any) -> dict[str, Any]:
+    """`{"profile": ...}` of one `run()`, or `{"profile_error": ...}`: a profiler that fails on
+    the card (CUPTI) must not lose the measurement it was to explain."""
+    try:
+        profile = profile_summary.profile(run)
+    except Exception as err:  # any profiler failure is reported, not raised
+        print(f"bench_gpu: profile failed: {type(err).__name__}: {err}", flush=True)
+        return {"profile_error": f"{type(err).__name__}: {err}"[:500]}
+    print(profile_summary.brief(profile), flush=True)
+    return {"profile": profile}
+
+
 def bench_decode(
     s: Sizes, bandwidth: float, repeat: int, trace: bool = False, **overrides: Any
 ) -> dict[str, Any]:
@@ -278,8 +291,7 @@ def bench_decode(
         out[f"median_{name}_s"] = _median_time(run, repeat)
         out[f"new_tokens_{name}"] = T
         if trace and name == "long":
-            out["profile"] = profile_summary.profile(lambda run=run: run(repeat + 1))
-            print(profile_summary.brief(out["profile"]), flush=True)
+            out.update(_guarded_profile(lambda run=run: run(repeat + 1)))
     decode_s = out["median_long_s"] - out["median_short_s"]
     roof = decode_roofline(s, bandwidth)
     out.update(roof)
@@ -356,10 +368,7 @@ def bench_update(
         return metrics
 
     seconds = _median_time(run, repeat)
-    profiled = {}
-    if trace:
-        profiled["profile"] = profile_summary.profile(lambda: run(repeat + 1))
-        print(profile_summary.brief(profiled["profile"]), flush=True)
+    profiled = _guarded_profile(lambda: run(repeat + 1)) if trace else {}
     tokens = s.rows * s.seq
     flops = 6 * matmul_params(s.model) * tokens
     return {
@@ -434,6 +443,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "bandwidth": rates.bandwidth,
         "peak_flops": rates.peak_flops,
         "rates": rates.card,
+        "xla_flags": os.environ.get("XLA_FLAGS"),  # e.g. the session's command-buffer parts
     }
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -464,7 +474,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             if time.perf_counter() - started > args.budget_s:
                 continue
             done = result.setdefault(f"{part}_variants", [])
-            timed = bench(s, rate, args.repeat, **overrides)
+            try:
+                timed = bench(s, rate, args.repeat, **overrides)
+            except Exception as err:  # e.g. out of memory: the next variant still runs
+                timed = {**overrides, "error": f"{type(err).__name__}: {err}"[:500]}
             record(f"{part}_variants", [*done, timed])
     print(
         f"bench_gpu: {out / 'bench_gpu.json'} ({time.perf_counter() - started:.1f} s)", flush=True

@@ -17,13 +17,21 @@
 #       count (unroll_loop_steps false), which XLA runs without reading a condition back to
 #       the host: one round trip per 8 steps without unrolling the step;
 #   p6  the update step with cuDNN's flash attention (Decoder(fused_attention=True)), and with
-#       the log-probs in vocabulary chunks of 1024 positions (the 151,936-token logits of the
-#       8,192 positions not materialised at once).
+#       the log-probs in chunks of 64 positions per row (16 rows × 64 = 1,024 positions: the
+#       151,936-token logits of the 8,192 positions not materialised at once; a chunk of the
+#       row's whole 496 completion positions or more is no chunking).
 #
 # Parts p2-p6 each change one lever against p1's defaults. Each part runs in its own
 # process under a time limit and writes OUT_DIR/pN/bench_gpu.json as it goes, so a part that
-# fails or runs out of time keeps what it measured and the next part still runs. The log is
+# fails or runs out of time keeps what it measured and the next part still runs; inside a part
+# a variant or a profile that fails is recorded as an error and the next one runs. The log is
 # OUT_DIR/log.txt.
+#
+# With the device tool: command `bash benchmarks/gpu_session.sh $OUT`, timeout_s 600, nothing
+# carried (the machine's own python3 has jax with CUDA; this machine's .venv does not run
+# there), give the machine back right after. It returns 8 files (log.txt, smi.txt and
+# p1..p6/bench_gpu.json); copy each pN/bench_gpu.json to benchmarks/results/gpu/<card>_pN.json
+# for `python -m benchmarks.report`.
 set -u
 out=${1:?usage: benchmarks/gpu_session.sh OUT_DIR [ARGS...]}
 shift
@@ -47,4 +55,4 @@ part p4 110 "${bench[@]}" --out "$out/p4" --skip ceilings decode update --varian
 part p5 70 "${bench[@]}" --out "$out/p5" --skip ceilings decode update --variants \
     --update-variants '[]' --decode-variants '[{"steps_per_loop": 8, "unroll_loop_steps": false}]'
 part p6 90 "${bench[@]}" --out "$out/p6" --skip ceilings decode update --variants \
-    --decode-variants '[]' --update-variants '[{"fused_attention": true}, {"chunk_size": 1024}]'
+    --decode-variants '[]' --update-variants '[{"fused_attention": true}, {"chunk_size": 64}]'

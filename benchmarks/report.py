@@ -490,7 +490,14 @@ def pack_forms_table(results: pathlib.Path) -> list[str]:
     return lines
 
 
+def _gpu_failed_row(part: str, d: dict) -> str:
+    shape = ", ".join(f"{k} {v}" for k, v in d.items() if k != "error")
+    return f"| {part}, {shape} | failed: {d['error']} | — | — | — |"
+
+
 def _gpu_decode_row(d: dict) -> str:
+    if "error" in d:
+        return _gpu_failed_row("decode", d)
     shape = ", ".join(
         f"{k} {d[k]}"
         for k in ("layer_unroll", "steps_per_loop", "unroll_loop_steps", "decode_phases")
@@ -507,11 +514,13 @@ def _gpu_decode_row(d: dict) -> str:
 
 
 def _gpu_update_row(u: dict) -> str:
+    if "error" in u:
+        return _gpu_failed_row("update", u)
     measured = u.get("mfu_of_measured_peak")
     return (
         f"| update, {u['rows']} × {u['seq']} tokens, remat {u.get('remat', 'dots')}"
         f"{', fused attention' if u.get('fused_attention') else ''}"
-        f"{f', vocabulary chunks of {c}' if (c := u.get('chunk_size')) else ''} | "
+        f"{f', log-probs in chunks of {c} positions per row' if (c := u.get('chunk_size')) else ''} | "
         f"{_fmt(u['median_s'])} s ({_fmt(u['achieved_flops'] / 1e12)} TFLOP/s) | "
         f"{100 * u['mfu']:.1f}% | {'—' if measured is None else f'{100 * measured:.1f}%'} | "
         f"{u['compile_s']} s |"
@@ -545,7 +554,9 @@ def gpu_table(results: pathlib.Path) -> list[str]:
             "",
             f"{r.get('device', '?')}, jax {r.get('jax', '?')}; datasheet "
             f"({r.get('rates', 'H100 SXM')}) {_fmt(r['bandwidth'] / 1e12)} TB/s HBM and "
-            f"{_fmt(_peak_flops(r) / 1e12)} TFLOP/s dense bf16." + measured,
+            f"{_fmt(_peak_flops(r) / 1e12)} TFLOP/s dense bf16."
+            + measured
+            + (f" `XLA_FLAGS={r['xla_flags']}`." if r.get("xla_flags") else ""),
             "",
             "| part | time | of datasheet roofline / peak | of measured | compile |",
             "|---|---|---|---|---|",

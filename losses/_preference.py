@@ -19,6 +19,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import Array
 
 from losses._checks import (
@@ -110,7 +111,10 @@ def pair_weights_array(w: Any, v: Array, *, where: str) -> Array:
     """Optional `[N]` non-negative pair weights (stop-gradient); None means all ones."""
     if w is None:
         return v
-    check_positive(w, "pair_weights", where=where, allow_zero=True)
+    known, known_v = concrete(w), concrete(v)
+    if known is not None and known_v is not None and np.shape(known) == np.shape(known_v):
+        # valid pairs only: an invalid (padding) pair's weight may be anything, NaN included
+        check_positive(known[known_v > 0], "pair_weights", where=where, allow_zero=True)
     return v * pair_array(w, "pair_weights", v, where=where, differentiable=False, floating=False)
 
 

@@ -38,6 +38,7 @@ from losses._checks import (
     check_positive,
     check_rank,
     check_real,
+    concrete,
 )
 from losses.masked import masked_whiten
 
@@ -618,12 +619,15 @@ def opo_advantages(
     check_choice(singleton, _SINGLETONS, "singleton", where=where)
     s, v = _grouped_inputs(rewards, valid, where=where)
     check_real(lengths, "lengths", where=where)
-    check_concrete_range(lengths, "lengths", where=where, low=0)
     if jnp.shape(lengths) != s.shape:
         raise ValueError(
             f"{where}: `lengths` must have the shape of `rewards` {s.shape}, "
             f"got {jnp.shape(lengths)}."
         )
+    # the lengths of valid samples only: an invalid slot may hold anything (e.g. −1 padding)
+    known, known_v = concrete(lengths), concrete(v)
+    if known is not None and known_v is not None:
+        check_concrete_range(known[known_v > 0], "lengths", where=where, low=0)
     ops = _axis_ops()
     L = jnp.where(v > 0, jax.lax.stop_gradient(as_float32(lengths)), 0.0)
     baseline = ops.sum(L * s) / _safe(ops.sum(L))

@@ -316,6 +316,9 @@ def kl_penalized_rewards(
     where = "kl_penalized_rewards"
     check_choice(score_position, ("last", "after_last"), "score_position", where=where)
     check_rank(old_logp, 2, "old_logp", where=where)
+    check_floating(old_logp, "old_logp", where=where)
+    check_floating(ref_logp, "ref_logp", where=where)
+    check_same_shape(old_logp, "old_logp", where, ref_logp=ref_logp)
     N, T = jnp.shape(old_logp)
     s = _check_scores(scores, N, where=where)
     m = as_mask(mask, (N, T), where=where)
@@ -371,6 +374,9 @@ def kl_penalized_scores(
     """
     where = "kl_penalized_scores"
     check_rank(old_logp, 2, "old_logp", where=where)
+    check_floating(old_logp, "old_logp", where=where)
+    check_floating(ref_logp, "ref_logp", where=where)
+    check_same_shape(old_logp, "old_logp", where, ref_logp=ref_logp)
     N, T = jnp.shape(old_logp)
     s = _check_scores(scores, N, where=where)
     m = as_mask(mask, (N, T), where=where)

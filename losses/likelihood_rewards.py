@@ -19,10 +19,13 @@ import jax.numpy as jnp
 from jax import Array
 from jaxtyping import ArrayLike
 
+from losses._checks import check_floating
 from losses._rewards import check_shape, flags, real_array, sg, zero_outside
 
 
 def _token_inputs(x: Any, name: str, *, where: str) -> Array:
+    """`[N,T]` log-probs: a floating array (integer "log-probs" are a caller's mistake)."""
+    check_floating(x, name, where=where)
     return real_array(x, name, where=where, rank=2)
 
 

@@ -16,14 +16,23 @@ import jax.numpy as jnp
 from jax import Array
 from jaxtyping import ArrayLike
 
-from losses._checks import as_float32, as_mask, check_choice, check_positive, check_real
+from losses._checks import (
+    as_float32,
+    as_mask,
+    check_choice,
+    check_floating,
+    check_positive,
+    check_real,
+)
 from losses.segments import _token_values, _zero_outside
 
 _sg = jax.lax.stop_gradient
 
 
-def _optional_token_input(x: Any, name: str, shape: tuple[int, ...], *, where: str) -> Array:
-    check_real(x, name, where=where)
+def _optional_token_input(
+    x: Any, name: str, shape: tuple[int, ...], *, where: str, floating: bool = False
+) -> Array:
+    (check_floating if floating else check_real)(x, name, where=where)
     if jnp.shape(x) != shape:
         raise ValueError(
             f"{where}: `{name}` must have the shape of `rewards` {shape}, got {jnp.shape(x)}."
@@ -113,8 +122,8 @@ def optimal_token_baseline_advantages(
             f"{where}: `G` must be a Python int >= 2 dividing N = {N} (rows of `rewards`), "
             f"got {G!r}."
         )
-    old = _optional_token_input(old_logp, "old_logp", r.shape, where=where)
-    lsp = _optional_token_input(log_sum_pi_sq, "log_sum_pi_sq", r.shape, where=where)
+    old = _optional_token_input(old_logp, "old_logp", r.shape, where=where, floating=True)
+    lsp = _optional_token_input(log_sum_pi_sq, "log_sum_pi_sq", r.shape, where=where, floating=True)
     valid = as_mask(mask, r.shape, where=where) > 0
     r, old, lsp = (_sg(_zero_outside(x, valid)) for x in (r, old, lsp))
     w = 1.0 - 2.0 * jnp.exp(old) + jnp.exp(lsp)

@@ -755,6 +755,13 @@ def test_bad_options_raise():
         bnpo_advantages(jnp.array([[2.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, -1.0]]))
     with pytest.raises(ValueError, match=r"opo_advantages: `lengths` must lie in \[0, inf\]"):
         opo_advantages(jnp.array([[0.2, 0.5, 0.9]]), jnp.array([[1, -1, 2]]))
+    # only valid samples' lengths are checked: an invalid slot may hold −1 padding
+    padded = opo_advantages(
+        jnp.array([[1.0, 0.0, 1.0]]),
+        jnp.array([[3.0, 5.0, -1.0]]),
+        valid=jnp.array([[True, True, False]]),
+    )
+    assert_close(padded, [[0.625, -0.375, 0.0]])
     traced = jax.jit(lambda r: bnpo_advantages(r, alpha=2.0, beta=3.0))
     assert traced(jnp.array([[1.0, 0.0, 0.0, 1.0]])).shape == (1, 4)
 

@@ -549,6 +549,20 @@ def test_bad_options_raise(kw, match):
         dpo_loss(x4, x4, x4, x4, **kw)
 
 
+def test_a_padding_pairs_weight_is_never_read_eagerly_or_under_jit():
+    """The eager `pair_weights >= 0` check read invalid pairs: a NaN weight there (WPO weights
+    of a padding pair) raised eagerly while jit gave the loss."""
+    _, pc, pr, rc, rr, _ = pair_batch(29)
+    valid = np.ones(pc.shape, np.float32)
+    valid[-1] = 0.0
+    dirty, clean = np.ones(pc.shape, np.float32), np.ones(pc.shape, np.float32)
+    dirty[-1] = np.nan
+    want = dpo_loss(pc, pr, rc, rr, valid=valid, pair_weights=clean)[0]
+    assert_close(dpo_loss(pc, pr, rc, rr, valid=valid, pair_weights=dirty)[0], want)
+    jitted = jax.jit(lambda w: dpo_loss(pc, pr, rc, rr, valid=valid, pair_weights=w)[0])
+    assert_close(jitted(dirty), want)
+
+
 def test_a_global_pair_count_of_zero_falls_back_to_the_local_count():
     """A micro-batch of a global batch without valid pairs gives 0, not inf (§1.5)."""
     _, pc, pr, rc, rr, _ = pair_batch(23)

@@ -418,6 +418,11 @@ def test_kl_rewards_bad_input():
         kl_penalized_rewards(np.zeros(2, np.float32), a, a, m, beta=0.1, score_position="eos")
     with pytest.raises(ValueError, match="`old_logp` must have rank 2"):
         kl_penalized_rewards(np.zeros(2, np.float32), a[0], a[0], m[0], beta=0.1)
+    i = np.zeros((2, 3), np.int32)  # the error names this function and argument, not kl_estimate
+    with pytest.raises(ValueError, match="kl_penalized_rewards: `old_logp` must be a floating"):
+        kl_penalized_rewards(np.zeros(2, np.float32), i, a, m, beta=0.1)
+    with pytest.raises(ValueError, match="kl_penalized_scores: `ref_logp` must be a floating"):
+        kl_penalized_scores(np.zeros(2, np.float32), a, i, m, beta=0.1)
 
 
 # --------------------------------------------------------------------------------------------------

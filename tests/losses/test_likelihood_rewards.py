@@ -119,3 +119,8 @@ def test_reference_probability_rewards_nan_safety_and_errors():
         reference_probability_rewards(lp, mask, base[:, :2])
     with pytest.raises(ValueError, match="mask"):
         reference_probability_rewards(lp, mask[:, :2])
+    ints = np.zeros(lp.shape, np.int32)  # integer "log-probs" were taken as numbers
+    with pytest.raises(ValueError, match="`ref_lp` must be a floating-point array"):
+        reference_probability_rewards(ints, mask)
+    with pytest.raises(ValueError, match="`lp_uncond` must be a floating-point array"):
+        self_aligned_rewards(lp, ints, mask)

@@ -166,6 +166,8 @@ def test_bad_inputs_raise_clear_errors():
         fn(x, m, x, x, G=2, is_weights=x[:2])
     with pytest.raises(ValueError, match="`eps` must be >= 0"):
         fn(x, m, x, x, G=2, eps=-1.0)
+    with pytest.raises(ValueError, match="`old_logp` must be a floating-point array"):
+        fn(x, m, x.astype(np.int32), x, G=2)
     with pytest.raises(
         ValueError, match="optimal_token_baseline_advantages: `rewards` must have rank 2"
     ):

@@ -176,13 +176,22 @@ def stop_gradient_metrics(metrics: dict[str, Array]) -> dict[str, Array]:
     return {k: jax.lax.stop_gradient(jnp.asarray(v, jnp.float32)) for k, v in metrics.items()}
 
 
+@jax.custom_jvp
 def inclusive_clip(x: Array, low: Any, high: Any) -> Array:
     """`clip(x, low, high)` whose gradient is 1 on the bounds too (torch's `clamp`).
 
     `jnp.clip` halves the gradient at a bound (a tie of its `max` / `min`), so with a zero clip
-    (ratio ≡ 1 on a bound) PPO's gradient was 0.625× REINFORCE's instead of equal to it.
+    (ratio ≡ 1 on a bound) PPO's gradient was 0.625× REINFORCE's instead of equal to it. The
+    value is `jnp.clip`'s, computed by the same operations; only the tangent differs.
     """
-    return jnp.where((x >= low) & (x <= high), x, jnp.clip(x, low, high))
+    return jnp.clip(x, low, high)
+
+
+@inclusive_clip.defjvp
+def _inclusive_clip_jvp(primals: tuple, tangents: tuple) -> tuple[Array, Array]:
+    x, low, high = primals
+    inside = (x >= low) & (x <= high)
+    return jnp.clip(x, low, high), jnp.where(inside, tangents[0], jnp.zeros_like(tangents[0]))
 
 
 def clip_terms(adv: Array, ratio: Array, clip_low: Any, clip_high: Any) -> tuple[Array, Array]:

@@ -328,7 +328,7 @@ PROGRESS_KEYS_BY_KIND = {
 }
 
 
-def metrics_config(config: RunConfig) -> MetricsConfig:
+def _metrics_config(config: RunConfig) -> MetricsConfig:
     """`config.metrics`, with the progress line of an SFT, preference or reward-model run
     showing its own metrics when `metrics.progress_keys` is left at the (RL) default.
 
@@ -336,7 +336,7 @@ def metrics_config(config: RunConfig) -> MetricsConfig:
       >>> from jaxrl_llm.runner.config import ModelSection
       >>> from jaxrl_llm.train import SFTConfig
       >>> cfg = RunConfig(model=ModelSection(checkpoint="/m"), sft=SFTConfig())
-      >>> metrics_config(cfg).progress_keys
+      >>> _metrics_config(cfg).progress_keys
       ('sft/nll', 'perf/tokens_per_sec')
     """
     keys = PROGRESS_KEYS_BY_KIND.get(config.kind)
@@ -504,7 +504,7 @@ def run_training(prepared: PreparedRun, *, resume_command: str | None = None) ->
         evaluated = finished and any_process(bool(logged_after))  # process 0 read the file
         logger = MetricsLogger.from_config(
             ctx.run_dir,
-            metrics_config(config),
+            _metrics_config(config),
             total_steps=steps,
             resume_step=start if meta else None,
             run_config=config_dict,

@@ -191,7 +191,7 @@ def test_a_missing_config_is_the_only_required_argument(capsys, command):
 )
 def test_the_progress_line_shows_the_run_kinds_own_metrics(config, extra, shown):
     """The RL default showed only tokens/s for SFT, preference and reward-model runs."""
-    from jaxrl_llm.runner.loop import metrics_config
+    from jaxrl_llm.runner.loop import _metrics_config
 
     cfg = load_run_config(str(CONFIGS / config), extra, run_dir="x")
-    assert metrics_config(cfg).progress_keys[: len(shown)] == shown
+    assert _metrics_config(cfg).progress_keys[: len(shown)] == shown

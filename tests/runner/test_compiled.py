@@ -136,26 +136,35 @@ def test_reference_sync_inside_the_compiled_iteration_matches_the_loop(tmp_path)
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
+# 4 prompts × 4 samples in 2 minibatches × 2 accumulated micro-batches
+GROUPS_OF_FOUR = (
+    "sampling.num_samples=4",
+    "train.prompts_per_step=4",
+    "algorithm.minibatches=2",
+    "optim.accumulation_steps=2",
+)
+
+
+def _compiled_matches_loop(tmp_path, config, *extra):
+    """One iteration per call against the loop: every metric and parameter to float32 rounding
+    (reward/std: the in-graph and host stds round apart); the loop's per-step metrics."""
+    state, _, history = _loop_steps(_prepared(tmp_path / "loop", *extra, config=config))
+    _, _, compiled_state, _, compiled = _compiled_run(tmp_path / "c", 1, *extra, config=config)
+    for ours, theirs in zip(compiled, history, strict=True):
+        assert ours.keys() == theirs.keys()
+        for key, value in theirs.items():
+            np.testing.assert_allclose(ours[key], value, rtol=1e-6, atol=1e-7, err_msg=key)
+    for a, b in zip(compiled_state, _host(state), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    return history
+
+
 def test_online_dpo_with_groups_of_four_matches_the_loop(tmp_path):
     """Online DPO with G = 4 keeps each prompt's best and worst sample (`online_dpo_select`) in
     the loop and inside the compiled iteration alike, and splits the 4 pairs into 2 minibatches
     × 2 micro-batches of whole pairs: the same metrics and parameters."""
-    path = str(CONFIGS / "online_dpo.yaml")
-    groups = (
-        "sampling.num_samples=4",
-        "train.prompts_per_step=4",
-        "algorithm.minibatches=2",
-        "optim.accumulation_steps=2",
-    )
-    state, _, history = _loop_steps(_prepared(tmp_path / "loop", *groups, config=path))
-    _, _, compiled_state, _, compiled = _compiled_run(tmp_path / "c", 1, *groups, config=path)
+    history = _compiled_matches_loop(tmp_path, str(CONFIGS / "online_dpo.yaml"), *GROUPS_OF_FOUR)
     assert all("online_dpo/valid_pairs" in m for m in history)
-    for ours, theirs in zip(compiled, history, strict=True):
-        assert ours.keys() == theirs.keys()
-        for key, value in theirs.items():  # reward/std: the in-graph and host stds round apart
-            np.testing.assert_allclose(ours[key], value, rtol=1e-6, atol=1e-7, err_msg=key)
-    for a, b in zip(compiled_state, _host(state), strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
 def test_dapo_filter_minibatches_and_accumulation_match_the_loop(tmp_path):
@@ -163,24 +172,10 @@ def test_dapo_filter_minibatches_and_accumulation_match_the_loop(tmp_path):
     × 2 accumulated micro-batches: the compiled scan drops the same groups and takes the same
     optimizer steps as the loop. Fewer stop tokens than the other tests use: a group whose four
     rows all run to the end has equal rewards, and is dropped."""
-    path = str(CONFIGS / "dapo.yaml")
-    extra = (
-        "train.max_refills=0",
-        "sampling.stop_tokens=[" + ",".join(str(i) for i in range(0, 256, 12)) + "]",
-        "sampling.num_samples=4",
-        "train.prompts_per_step=4",
-        "algorithm.minibatches=2",
-        "optim.accumulation_steps=2",
-    )
-    state, _, history = _loop_steps(_prepared(tmp_path / "loop", *extra, config=path))
-    _, _, compiled_state, _, compiled = _compiled_run(tmp_path / "c", 1, *extra, config=path)
+    few_stops = "sampling.stop_tokens=[" + ",".join(str(i) for i in range(0, 256, 12)) + "]"
+    extra = ("train.max_refills=0", few_stops, *GROUPS_OF_FOUR)
+    history = _compiled_matches_loop(tmp_path, str(CONFIGS / "dapo.yaml"), *extra)
     assert any(0 < m["adv/kept_frac"] < 1 for m in history)  # the filter drops some groups
-    for ours, theirs in zip(compiled, history, strict=True):
-        assert ours.keys() == theirs.keys()
-        for key, value in theirs.items():
-            np.testing.assert_allclose(ours[key], value, rtol=1e-6, atol=1e-7, err_msg=key)
-    for a, b in zip(compiled_state, _host(state), strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
 def _final_state(run_dir, overrides):

@@ -84,6 +84,10 @@ def _reject_unsupported(d: dict[str, Any], family: str) -> None:
         problems.append("use_bidirectional_attention=true")
     if d.get("attention_dropout", 0.0):
         problems.append(f"attention_dropout={d['attention_dropout']} (dropout is not implemented)")
+    if d.get("quantization_config"):
+        method = d["quantization_config"]
+        method = method.get("quant_method", method) if isinstance(method, dict) else method
+        problems.append(f"quantization_config ({method!r}: quantized checkpoints are not read)")
     if d.get("partial_rotary_factor", 1.0) != 1.0:
         problems.append(f"partial_rotary_factor={d['partial_rotary_factor']}")
     act = d.get(_ACTIVATION_KEY[family])

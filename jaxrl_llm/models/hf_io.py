@@ -45,8 +45,12 @@ _PARTIAL = ".partial.safetensors"  # a shard being written
 
 
 def _weight_files(path: pathlib.Path) -> dict[str, pathlib.Path]:
-    """Map each tensor name to its file, from the index if there is one (not opened yet)."""
+    """Map each tensor name to its file (not opened yet): empty for a single `model.safetensors`
+    (filled from its header), else from the index. A directory holding both reads the single
+    file, as `transformers` does."""
     index = path / INDEX_FILE
+    if (path / SINGLE_FILE).is_file():
+        return {}
     if index.is_file():
         weight_map = json.loads(index.read_text()).get("weight_map")
         if not isinstance(weight_map, dict):
@@ -55,8 +59,6 @@ def _weight_files(path: pathlib.Path) -> dict[str, pathlib.Path]:
         if missing:
             raise ValueError(f"{index} names files that are not in {path}: {missing}")
         return {name: path / file for name, file in weight_map.items()}
-    if (path / SINGLE_FILE).is_file():
-        return {}  # filled from the file's header
     raise ValueError(f"no {SINGLE_FILE} or {INDEX_FILE} in {path}")
 
 
@@ -91,15 +93,22 @@ def open_checkpoint(path: pathlib.Path) -> Iterator[dict[str, Any]]:
         yield by_name
 
 
+# safetensors' names of the floating-point types a weight may be stored in
+_FLOAT_DTYPES = frozenset({"F64", "F32", "F16", "BF16"})
+
+
 def _check_shapes(maps: list[TensorMap], handles: dict[str, Any], num_layers: int) -> None:
     wrong = []
     for m in maps:
         for name in m.hf_names(num_layers):
-            shape = tuple(handles[name].get_slice(name).get_shape())
+            tensor = handles[name].get_slice(name)
+            shape, dtype = tuple(tensor.get_shape()), tensor.get_dtype()
             if shape != m.hf_shape:
                 wrong.append(f"{name}: expected {m.hf_shape}, found {shape}")
+            if dtype not in _FLOAT_DTYPES:  # an integer tensor is a quantized weight, not a value
+                wrong.append(f"{name}: expected a floating-point tensor, found {dtype}")
     if wrong:
-        raise ValueError("checkpoint tensors have the wrong shape: " + "; ".join(wrong))
+        raise ValueError("checkpoint tensors have the wrong shape or type: " + "; ".join(wrong))
 
 
 def _shard_reader(m: TensorMap, handles: dict[str, Any], num_layers: int, dtype: Any) -> Any:

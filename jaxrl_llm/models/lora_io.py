@@ -13,14 +13,17 @@ so that its update `s · lora_B @ lora_A` is ours, `s · A·B`, transposed (the 
 with DoRA, `use_dora`). `save_lora_adapter`
 writes the adapters of a `Decoder`; `load_lora_adapter` adds a file's adapters to a base
 `Decoder` (`add_lora` with the file's rank, α, targets, rsLoRA and DoRA switches, then its
-values). Settings this module does not implement (biases, per-layer ranks or layer subsets, a
-regex `target_modules`, `fan_in_fan_out`) are refused by name.
+values). `target_modules` written per layer (PEFT's `"all-linear"`) load when they cover every
+layer. Settings this module does not implement (biases, per-layer ranks or layer subsets, a
+regex `target_modules`, `fan_in_fan_out`, an `init_lora_weights` after which PEFT rebuilds
+the base such as PiSSA or OLoRA, aLoRA's invocation tokens) are refused by name.
 """
 
 from __future__ import annotations
 
 import json
 import pathlib
+import re
 from typing import Any
 
 import jax
@@ -52,6 +55,25 @@ _UNSUPPORTED = {
     "layer_replication": None,
     "target_parameters": None,  # adapters on parameters (MoE experts), not modules
 }
+# further settings of PEFT's LoraConfig that change what a loaded adapter computes; refused when
+# read (not written: an older PEFT may not know them)
+_REFUSED_ON_READ = {
+    "alora_invocation_tokens": None,  # aLoRA: the adapter acts only after its invocation tokens
+    "exclude_modules": None,
+    "layers_pattern": None,
+    "use_qalora": False,
+    "use_bdlora": None,
+    "arrow_config": None,
+    "kasa_config": None,
+    "monteclora_config": None,
+    "velora_config": None,
+    "megatron_config": None,
+}
+# `init_lora_weights` values after which the adapter is a plain `W + s·B·A` on the unchanged base;
+# the others (PiSSA, OLoRA, CorDA, LoftQ, ...) make PEFT rebuild a residual base when it loads
+_PLAIN_INITS = (True, False, "gaussian", "orthogonal", "eva", "nora")
+# a per-layer module name, as PEFT writes `target_modules` for "all-linear"
+_QUALIFIED = re.compile(r"(?:.*\.)?layers\.(\d+)\.(?:self_attn|mlp)\.(\w+?)(?:_proj)?$")
 
 
 def _module_names(config: Any, num_layers: int) -> dict[str, list[str]]:
@@ -148,12 +170,18 @@ def save_lora_adapter(
     return path
 
 
-def read_lora_config(path: str | pathlib.Path) -> LoRAConfig:
+def read_lora_config(path: str | pathlib.Path, num_layers: int | None = None) -> LoRAConfig:
     """The `LoRAConfig` of a PEFT adapter directory (`adapter_config.json`).
+
+    `target_modules` may name the projections (`q_proj`, ...) or, as PEFT writes them for
+    `"all-linear"`, each layer's module (`model.layers.0.self_attn.q_proj`): those must cover
+    every one of the `num_layers` layers for each projection they name.
 
     Raises:
       ValueError: the file is missing, not a LoRA adapter, or uses a setting this library
-        does not implement (named).
+        does not implement (named): per-layer subsets, biases, an `init_lora_weights` that
+        rebuilds the base (PiSSA, OLoRA, CorDA, LoftQ: convert the adapter with PEFT's
+        `path_initial_model_for_weight_conversion` first), aLoRA, ...
     """
     file = pathlib.Path(path) / CONFIG_FILE
     if not file.is_file():
@@ -163,24 +191,57 @@ def read_lora_config(path: str | pathlib.Path) -> LoRAConfig:
         raise ValueError(
             f"load_lora_adapter: {file}: peft_type {config.get('peft_type')!r}, not 'LORA'."
         )
-    for key, default in _UNSUPPORTED.items():
+    for key, default in {**_UNSUPPORTED, **_REFUSED_ON_READ}.items():
         value = config.get(key, default)
         if value != default and value not in (None, [], {}):
             raise ValueError(f"load_lora_adapter: {file}: `{key}` = {value!r} is not supported.")
-    modules = config.get("target_modules")
+    init = config.get("init_lora_weights", True)
+    if not any(
+        init is plain or (isinstance(plain, str) and init == plain) for plain in _PLAIN_INITS
+    ):
+        raise ValueError(
+            f"load_lora_adapter: {file}: `init_lora_weights` = {init!r} is not supported: PEFT "
+            "loads such an adapter onto a base it rebuilds from the initial adapter (a residual "
+            "weight); save it with PEFT's `path_initial_model_for_weight_conversion` to get a "
+            "plain LoRA adapter."
+        )
+    return LoRAConfig(
+        rank=int(config["r"]),
+        alpha=float(config["lora_alpha"]),
+        targets=_targets(config.get("target_modules"), file, num_layers),
+        use_rslora=bool(config.get("use_rslora", False)),
+        use_dora=bool(config.get("use_dora", False)),
+    )
+
+
+def _targets(modules: Any, file: pathlib.Path, num_layers: int | None) -> tuple[str, ...]:
+    """Our adapter targets from PEFT's `target_modules` (projection or per-layer names)."""
     if not isinstance(modules, list):
         raise ValueError(
             f"load_lora_adapter: {file}: `target_modules` must be a list of module names, got "
             f"{modules!r}."
         )
-    targets = tuple(m.removesuffix("_proj") for m in modules)
-    return LoRAConfig(
-        rank=int(config["r"]),
-        alpha=float(config["lora_alpha"]),
-        targets=targets,
-        use_rslora=bool(config.get("use_rslora", False)),
-        use_dora=bool(config.get("use_dora", False)),
-    )
+    short = [m.removesuffix("_proj") for m in modules if "." not in m]
+    layers: dict[str, set[int]] = {}
+    for module in (m for m in modules if "." in m):
+        match = _QUALIFIED.fullmatch(module)
+        if match is None:
+            raise ValueError(
+                f"load_lora_adapter: {file}: target module {module!r} is not a layer's projection."
+            )
+        layers.setdefault(match[2], set()).add(int(match[1]))
+    if layers and num_layers is None:
+        raise ValueError(
+            f"load_lora_adapter: {file}: per-layer `target_modules` need the model's num_layers."
+        )
+    for name, found in layers.items():
+        if found != set(range(num_layers)):
+            raise ValueError(
+                f"load_lora_adapter: {file}: `target_modules` adapt {name} in layers "
+                f"{sorted(found)} of {num_layers}; adapters on a subset of the layers are not "
+                "supported."
+            )
+    return tuple(dict.fromkeys([*short, *layers]))
 
 
 def load_lora_adapter(model: Decoder, path: str | pathlib.Path) -> Decoder:
@@ -206,7 +267,7 @@ def load_lora_adapter(model: Decoder, path: str | pathlib.Path) -> Decoder:
 
     if not isinstance(model, Decoder) or has_lora(model):
         raise ValueError("load_lora_adapter: `model` must be a Decoder without LoRA adapters.")
-    config = read_lora_config(path)
+    config = read_lora_config(path, model.config.num_layers)
     tensors = load_file(str(pathlib.Path(path) / WEIGHTS_FILE))
     add_lora(model, config, rngs=nnx.Rngs(0))  # shapes and metadata; the values follow
     modules = _module_names(model.config, model.config.num_layers)

@@ -53,6 +53,36 @@ def test_wrong_shape_is_named(checkpoint):
         from_pretrained(checkpoint)
 
 
+def test_integer_tensors_and_quantized_configs_are_refused(checkpoint):
+    _rewrite(checkpoint, lambda t: t.update({"model.norm.weight": np.ones(40, np.int8)}))
+    with pytest.raises(
+        ValueError, match=r"model\.norm\.weight: expected a floating-point tensor, found I8"
+    ):
+        from_pretrained(checkpoint)
+    config = json.loads((checkpoint / "config.json").read_text())
+    quantized = {**config, "quantization_config": {"quant_method": "fp8"}}
+    (checkpoint / "config.json").write_text(json.dumps(quantized))
+    with pytest.raises(ValueError, match=r"quantization_config \('fp8': quantized checkpoints"):
+        from_pretrained(checkpoint)
+
+
+def test_a_single_file_beside_an_index_is_the_one_read(checkpoint):
+    """As `transformers` does: `model.safetensors` first, the index only without it."""
+    expected = from_pretrained(checkpoint)
+    tensors = load_file(str(checkpoint / "model.safetensors"))
+    shard = "model-00001-of-00001.safetensors"
+    save_file({k: v + 1 for k, v in tensors.items()}, str(checkpoint / shard))
+    index = {"weight_map": dict.fromkeys(tensors, shard)}
+    (checkpoint / "model.safetensors.index.json").write_text(json.dumps(index))
+    np.testing.assert_array_equal(
+        from_pretrained(checkpoint).final_norm.scale[...], expected.final_norm.scale[...]
+    )
+    (checkpoint / "model.safetensors").unlink()
+    np.testing.assert_array_equal(
+        from_pretrained(checkpoint).final_norm.scale[...], expected.final_norm.scale[...] + 1
+    )
+
+
 def test_unsupported_family_and_options(checkpoint):
     config = json.loads((checkpoint / "config.json").read_text())
     (checkpoint / "config.json").write_text(json.dumps({**config, "model_type": "mixtral"}))

@@ -217,10 +217,28 @@ def test_unsupported_peft_adapters_are_refused_by_name(tmp_path):
         ("target_modules", ["lm_head"], "unknown `targets`"),
         ("lora_bias", True, "`lora_bias` = True is not supported"),
         ("trainable_token_indices", [1, 2], "`trainable_token_indices` = \\[1, 2\\] is not"),
+        # PiSSA / OLoRA / LoftQ adapters apply to a residual base PEFT rebuilds when loading
+        ("init_lora_weights", "pissa", "`init_lora_weights` = 'pissa' is not supported"),
+        ("init_lora_weights", "olora", "path_initial_model_for_weight_conversion"),
+        # aLoRA acts only after its invocation tokens
+        ("alora_invocation_tokens", [5], "`alora_invocation_tokens` = \\[5\\] is not"),
+        ("target_modules", ["model.layers.1.self_attn.q_proj"], "in layers \\[1\\] of 2"),
+        ("target_modules", ["model.embed_tokens"], "'model.embed_tokens' is not a layer's"),
     ]:
         (out / CONFIG_FILE).write_text(json.dumps({**written, key: value}))
         with pytest.raises(ValueError, match=message):
             load_lora_adapter(nnx.clone(base), out)
+    # PEFT's "all-linear" writes each layer's module name: every layer is the short target
+    per_layer = [f"model.layers.{i}.self_attn.q_proj" for i in (1, 0)]
+    for init in (True, "gaussian"):
+        (out / CONFIG_FILE).write_text(
+            json.dumps({**written, "target_modules": per_layer, "init_lora_weights": init})
+        )
+        loaded = load_lora_adapter(nnx.clone(base), out)
+        assert loaded.layers.attn.lora_config == LoRAConfig(rank=2, targets=("q",))
+        np.testing.assert_array_equal(
+            loaded.layers.attn.q_lora_a[...], model.layers.attn.q_lora_a[...]
+        )
     (out / CONFIG_FILE).write_text(json.dumps(written))
     # a tensor the adapters do not use (a B bias, a deeper model's layer) is not dropped
     from safetensors.numpy import load_file, save_file

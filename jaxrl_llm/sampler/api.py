@@ -19,7 +19,7 @@ from flax import nnx
 from jaxrl_llm.models.decoder import Decoder
 from jaxrl_llm.sampler.buckets import bucket_length, left_pad
 from jaxrl_llm.sampler.config import SamplingConfig, with_stop_strings
-from jaxrl_llm.sampler.core import sample_tokens
+from jaxrl_llm.sampler.core import check_left_padded, sample_tokens
 from jaxrl_llm.sampler.rollout import Rollout
 from jaxrl_llm.sampler.row_groups import (
     call_flops,
@@ -29,8 +29,30 @@ from jaxrl_llm.sampler.row_groups import (
     split_row_keys,
 )
 
-jit_sample_tokens = jax.jit(sample_tokens, static_argnames=("graphdef", "config"))
-"""`sample_tokens` under `jax.jit` with `graphdef` and `config` static (shared compile cache)."""
+_jitted_sample_tokens = jax.jit(sample_tokens, static_argnames=("graphdef", "config"))
+
+
+def jit_sample_tokens(
+    graphdef: Any, state: Any, prompt_tokens: Any, prompt_mask: Any, key: Any, **kwargs: Any
+) -> Rollout:
+    """`sample_tokens` under `jax.jit` with `graphdef` and `config` static (one compile cache
+    shared by every call in the process), after checking on the host that a concrete
+    `prompt_mask` is left-padded with no empty prompt (`sample_tokens` cannot check a traced
+    one). Inside another `jit`, call `sample_tokens` itself.
+
+    `jit_sample_tokens.lower(...)` lowers the jitted function ahead of time, and
+    `jit_sample_tokens.jitted` is the `jax.jit` object itself (no check).
+
+    Raises:
+      ValueError: a prompt is not left-padded or has no token (named), or the checks of
+        `sample_tokens`.
+    """
+    check_left_padded(prompt_mask)
+    return _jitted_sample_tokens(graphdef, state, prompt_tokens, prompt_mask, key, **kwargs)
+
+
+jit_sample_tokens.jitted = _jitted_sample_tokens
+jit_sample_tokens.lower = _jitted_sample_tokens.lower
 
 
 def _prompt_rows(prompt_tokens: Any, prompt_mask: Any, vocab_size: int) -> list[list[int]]:
@@ -192,6 +214,8 @@ def generate(
         raise ValueError(f"generate: `model` must be a Decoder with an LM head, got {type(model)}.")
     vocab = model.config.vocab_size
     rows = _prompt_rows(prompt_tokens, prompt_mask, vocab)
+    if isinstance(num_samples, np.integer):
+        num_samples = int(num_samples)
     if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
         raise ValueError(f"generate: `num_samples` must be an int >= 1, got {num_samples!r}.")
     T, budgets = _budgets(max_new_tokens, len(rows), num_samples)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 
 from jaxrl_llm.sampler.stop_strings import StopStringTable, cached_stop_string_table
 
@@ -153,6 +154,7 @@ class SamplingConfig:
         return max(2, min(8, self.max_new_tokens // 64))
 
     def __post_init__(self) -> None:
+        _python_numbers(self)
         for name in (
             "max_new_tokens",
             "num_samples",
@@ -246,6 +248,39 @@ def with_stop_strings(config: SamplingConfig, tokenizer: object) -> SamplingConf
         return dataclasses.replace(config, stop_table=None)
     table = cached_stop_string_table(config.stop_strings, tokenizer)
     return dataclasses.replace(config, stop_table=table)
+
+
+_INT_FIELDS = (
+    "max_new_tokens",
+    "num_samples",
+    "steps_per_loop",
+    "layer_unroll",
+    "min_bucket",
+    "decode_phases",
+    "pad_id",
+    "top_k",
+    "bucket_multiple",
+    "row_groups",
+)
+
+
+def _python_numbers(config: SamplingConfig) -> None:
+    """NumPy / JAX scalars of the numeric fields as Python `int` / `float` (the config is a
+    static argument: hashed and compared by value)."""
+
+    def integer(value: object) -> bool:
+        return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+    for name in _INT_FIELDS:
+        if integer(value := getattr(config, name)):
+            object.__setattr__(config, name, int(value))
+    for name in ("temperature", "top_p", "min_p"):
+        value = getattr(config, name)
+        if isinstance(value, numbers.Real) and not isinstance(value, bool):
+            object.__setattr__(config, name, int(value) if integer(value) else float(value))
+    if isinstance(config.stop_tokens, tuple):
+        stops = tuple(int(t) if integer(t) else t for t in config.stop_tokens)
+        object.__setattr__(config, "stop_tokens", stops)
 
 
 def _is_number(value: object) -> bool:

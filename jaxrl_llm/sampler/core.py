@@ -174,17 +174,30 @@ def _check_prompts(prompt_tokens: Any, prompt_mask: Any) -> tuple[Array, Array]:
             f"sample_tokens: `prompt_mask` must have the prompts' shape {tokens.shape}, "
             f"got {mask.shape}."
         )
-    if not isinstance(prompt_mask, jax.core.Tracer):  # under jit the caller's layout stands
-        rows = np.asarray(prompt_mask).astype(np.int8)
-        left_padded = (rows[:, -1] == 1) & (np.diff(rows, axis=1) >= 0).all(axis=1)
-        if rows.size and not left_padded.all():
-            bad = int(np.flatnonzero(~left_padded)[0])
-            raise ValueError(
-                f"sample_tokens: prompt {bad} is not left-padded: its mask must read 0 … 0 1 … 1 "
-                f"and end in column P − 1, got {rows[bad].tolist()} (`left_pad` builds such "
-                "rows; `generate` pads for you)."
-            )
+    check_left_padded(prompt_mask)
     return tokens.astype(jnp.int32), mask.astype(bool)
+
+
+def check_left_padded(prompt_mask: Any) -> None:
+    """Raise unless every row of a concrete `prompt_mask [B, P]` reads `0 … 0 1 … 1` with at
+    least one 1 (a left-padded, non-empty prompt). A traced mask is not checked (under `jit` the
+    caller's layout stands: `jit_sample_tokens` checks before it traces), nor a global one
+    that other processes hold parts of."""
+    if isinstance(prompt_mask, jax.core.Tracer) or (
+        isinstance(prompt_mask, jax.Array) and not prompt_mask.is_fully_addressable
+    ):  # another process holds part of a global mask: each checks its own rows before
+        return
+    rows = np.asarray(prompt_mask).astype(np.int8)
+    if rows.ndim != 2:
+        return  # `_check_prompts` names the shape
+    left_padded = (rows[:, -1] == 1) & (np.diff(rows, axis=1) >= 0).all(axis=1)
+    if rows.size and not left_padded.all():
+        bad = int(np.flatnonzero(~left_padded)[0])
+        raise ValueError(
+            f"sample_tokens: prompt {bad} is not left-padded: its mask must read 0 … 0 1 … 1 "
+            f"and end in column P − 1, got {rows[bad].tolist()} (`left_pad` builds such "
+            "rows; `generate` pads for you)."
+        )
 
 
 def broadcast_cache(cache: KVCache, num_samples: int, max_len: int) -> KVCache:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
 import jax
@@ -43,6 +43,7 @@ MIN_GROUP_FLOPS = 1e8
 
 _pool: tuple[int, ThreadPoolExecutor] | None = None  # (workers, executor), grown on demand
 _pool_lock = threading.Lock()
+_in_pool = threading.local()  # `active` while a thread runs a group of `map_in_threads`
 
 
 def cpu_cores() -> int:
@@ -208,27 +209,42 @@ def _concatenate(*parts: jax.Array) -> jax.Array:
 
 
 def map_in_threads(call: Callable[[int], Any], groups: int) -> list[Any]:
-    """`[call(j) for j < groups]`, each call from its own thread of the row-group pool, which
-    waits for its output (`jax.block_until_ready`); one group runs on the calling thread.
+    """`[call(j) for j < groups]`: group 0 on the calling thread, each other group from its own
+    thread of the row-group pool; every output is waited for (`jax.block_until_ready`).
 
     The worker threads enter the caller's mesh (`jax.set_mesh`), which is thread-local; other
-    thread-local JAX contexts of the caller are not carried over.
+    thread-local JAX contexts of the caller are not carried over. A call made from a pool
+    thread (a group that itself runs in row groups) runs its groups one after the other on
+    that thread: the pool's threads are all busy with the outer groups, so waiting for them
+    would never end.
 
     Examples:
       >>> map_in_threads(lambda j: 10 * j, 3)
       [0, 10, 20]
+      >>> map_in_threads(lambda j: map_in_threads(lambda i: 10 * j + i, 2), 2)  # nested
+      [[0, 1], [10, 11]]
     """
-    if groups == 1:
-        return [call(0)]
+    if groups == 1 or getattr(_in_pool, "active", False):
+        return [jax.block_until_ready(call(j)) for j in range(groups)]
     mesh = jax.sharding.get_mesh()
 
     def run(j: int) -> Any:
-        if mesh.empty:
-            return jax.block_until_ready(call(j))
-        with jax.set_mesh(mesh):
-            return jax.block_until_ready(call(j))
+        _in_pool.active = True
+        try:
+            if mesh.empty:
+                return jax.block_until_ready(call(j))
+            with jax.set_mesh(mesh):
+                return jax.block_until_ready(call(j))
+        finally:
+            _in_pool.active = False
 
-    return list(_executor(groups).map(run, range(groups)))
+    futures = [_executor(groups - 1).submit(run, j) for j in range(1, groups)]
+    try:
+        first = run(0)
+    except BaseException:  # the other groups finish before the error propagates
+        wait(futures)
+        raise
+    return [first, *(f.result() for f in futures)]
 
 
 def call_in_row_groups(call: Callable[[int], Any], groups: int) -> Any:

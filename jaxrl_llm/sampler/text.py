@@ -83,6 +83,8 @@ def sample_texts(
         stop_tokens = sorted(stops)
     elif isinstance(stop_tokens, int | np.integer):  # one id, as generate takes it
         stop_tokens = [int(stop_tokens)]
+    if isinstance(stop_strings, str):  # one string, as generate takes it (not its characters)
+        stop_strings = (stop_strings,)
     rows = [tokenizer.encode(tokenizer.render(p)) for p in prompts]
     rollout = generate(
         model,

@@ -281,7 +281,7 @@ def main() -> None:
             assert got.tokens.sharding.spec[0] == rows, (name, got.tokens.sharding)
         print(f"{name}: ok")
     # one program per mesh and model: nothing retraced within a mesh
-    programs = (CHECKS._cache_size(), jit_sample_tokens._cache_size())
+    programs = (CHECKS._cache_size(), jit_sample_tokens.jitted._cache_size())
     assert programs == (1 + len(MESHES), 2 + len(MESHES) + 1), programs
     print("explicit meshes: ok")
 

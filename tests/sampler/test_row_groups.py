@@ -16,6 +16,7 @@ from jaxrl_llm.sampler.row_groups import (
     auto_row_groups,
     call_flops,
     call_in_row_groups,
+    map_in_threads,
     resolve_row_groups,
     split_row_keys,
 )
@@ -83,6 +84,19 @@ def test_an_error_in_a_group_reaches_the_caller():
 
     with pytest.raises(RuntimeError, match="group 1 failed"):
         call_in_row_groups(call, 2)
+
+
+def test_a_group_that_runs_in_row_groups_itself_finishes():
+    """`generate(row_groups=2)` called from a group of another row-group call: the inner
+    groups run on the group's thread (waiting for the busy pool hung forever)."""
+    m = tiny_model(vocab=13, layers=1)
+
+    def sample(j):
+        return generate(m, [[1, 2], [3]], max_new_tokens=3, key=jax.random.key(j), row_groups=2)
+
+    outer = map_in_threads(sample, 2)
+    for j, out in enumerate(outer):
+        np.testing.assert_array_equal(out.tokens, sample(j).tokens)
 
 
 def test_row_keys_are_the_keys_of_one_call():

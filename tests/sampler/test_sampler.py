@@ -224,12 +224,12 @@ def test_new_weights_keys_and_prompts_reuse_one_compiled_program():
     config = _standard_config()
     tokens, mask = left_pad(PROMPTS, length=16, pad_id=0)
     first = jit_sample_tokens(graphdef, state, tokens, mask, jax.random.key(0), config=config)
-    compiled = jit_sample_tokens._cache_size()
+    compiled = jit_sample_tokens.jitted._cache_size()
     for i in range(3):  # an "update step": new weights, new key, new prompts of the same bucket
         state = jax.tree.map(lambda x: x * 1.1, state)
         tokens, mask = left_pad([[3 + i] * (i + 2), [4], [5, 6]], length=16, pad_id=0)
         out = jit_sample_tokens(graphdef, state, tokens, mask, jax.random.key(i), config=config)
-    assert jit_sample_tokens._cache_size() == compiled
+    assert jit_sample_tokens.jitted._cache_size() == compiled
     same_inputs = jit_sample_tokens(
         graphdef, state, *left_pad(PROMPTS, length=16, pad_id=0), jax.random.key(0), config=config
     )
@@ -237,7 +237,7 @@ def test_new_weights_keys_and_prompts_reuse_one_compiled_program():
     assert out.tokens.shape == (9, 16 + T)
     bucket_32 = left_pad([list(range(1, 13)) * 2] * 3, length=bucket_length(24), pad_id=0)
     jit_sample_tokens(graphdef, state, *bucket_32, jax.random.key(0), config=config)
-    assert jit_sample_tokens._cache_size() == compiled + 1  # a new bucket compiles once
+    assert jit_sample_tokens.jitted._cache_size() == compiled + 1  # a new bucket compiles once
 
 
 def test_core_runs_inside_an_outer_jit_and_scan():
@@ -344,6 +344,26 @@ def test_bad_inputs_raise_clear_errors():
             sample_tokens(
                 graphdef, state, tokens, jnp.array([[0, 1, 1], row]), key, config=SamplingConfig()
             )
+        # the jitted entry point checks a concrete mask before it traces (it sampled silently)
+        with pytest.raises(ValueError, match=r"prompt 1 is not left-padded"):
+            jit_sample_tokens(
+                graphdef, state, tokens, np.array([[0, 1, 1], row]), key, config=SamplingConfig()
+            )
+
+
+def test_numpy_scalars_are_settings_like_python_numbers():
+    """A setting read from an array (`np.float32(0.7)`) is its Python number: the same config,
+    hence the same compiled program (they were refused with a message showing the value)."""
+    numpy_cfg = SamplingConfig(temperature=np.float32(0.5), top_p=np.float32(0.5), min_p=np.float64(0.25),
+                               top_k=np.int64(5), num_samples=np.int32(2), pad_id=np.int64(3),
+                               stop_tokens=(np.int64(7),))  # fmt: skip
+    python_cfg = SamplingConfig(temperature=0.5, top_p=0.5, min_p=0.25, top_k=5, num_samples=2,
+                                pad_id=3, stop_tokens=(7,))  # fmt: skip
+    assert numpy_cfg == python_cfg and hash(numpy_cfg) == hash(python_cfg)
+    assert type(numpy_cfg.top_k) is int and type(numpy_cfg.temperature) is float
+    m = tiny_model(vocab=13, layers=1)
+    out = generate(m, [[1, 2]], max_new_tokens=2, key=jax.random.key(0), num_samples=np.int64(2))
+    assert out.tokens.shape[0] == 2
 
 
 def _row_text(row):

@@ -216,6 +216,10 @@ def test_sample_texts_end_at_the_stop_string_with_a_subword_tokenizer():
                        num_samples=8, stop_tokens=[], stop_strings=["an"], row_groups=1)  # fmt: skip
     stopped = [s for s in out if not s.truncated]
     assert stopped and all(s.text.endswith("an") and s.text.count("an") == 1 for s in stopped)
+    # one string as a str is that string, not its characters (the text was cut at "a")
+    one = sample_texts(model, tok, ["the answer is"], key=jax.random.key(0), max_new_tokens=16,
+                       num_samples=8, stop_tokens=[], stop_strings="an", row_groups=1)  # fmt: skip
+    assert one == out
     single = sample_texts(model, tok, ["the"], key=jax.random.key(1), max_new_tokens=8,
                           num_samples=8, stop_tokens=tok.eos_id, temperature=2.0, row_groups=1)  # fmt: skip
     listed = sample_texts(model, tok, ["the"], key=jax.random.key(1), max_new_tokens=8,

@@ -154,8 +154,6 @@ def build(cls: type[T], data: Any, *, path: str = "") -> T:
             raise ConfigError(f"{path or cls.__name__}: missing required key(s) {keys}.") from None
         raise ConfigError(f"{path or cls.__name__}: {err}") from None
     except ValueError as err:  # the dataclass's own checks: name the key path they came from
-        if isinstance(err, ConfigError):
-            raise
         named = not path or str(err).startswith(path)
         raise ConfigError(str(err) if named else f"{path}: {err}") from None
 

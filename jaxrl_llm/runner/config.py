@@ -822,6 +822,14 @@ def _validate_sampling_and_eval(cfg: RunConfig) -> None:
                 f"train.overlong.buffer_length: must be <= max_length ({max_length}), got "
                 f"{overlong.buffer_length}."
             )
+        start = max_length - overlong.buffer_length
+        if start >= cfg.sampling.max_new_tokens:
+            raise ConfigError(
+                f"train.overlong: the penalty starts after max_length − buffer_length = {start} "
+                f"tokens, and no completion is longer than sampling.max_new_tokens = "
+                f"{cfg.sampling.max_new_tokens}: it would never apply; lower max_length or raise "
+                "buffer_length."
+            )
 
 
 def _validate_algorithm(cfg: RunConfig, alg: AlgorithmConfig) -> None:

@@ -549,8 +549,9 @@ def run_training(prepared: PreparedRun, *, resume_command: str | None = None) ->
                     save(chunk_end)
                     checkpointer.wait()
                     raise TrainingDivergedError(diverged)
-                if config.train.eval_every and step % config.train.eval_every == 0 and step < steps:
-                    logger.log(step, _evaluation(ctx, state, step))
+                due = config.train.eval_every and step % config.train.eval_every == 0
+                if due and step < steps and (evaluation := _evaluation(ctx, state, step)):
+                    logger.log(step, evaluation)  # (an empty evaluation: nothing to score)
                 if checkpointer.maybe_save(
                     step, state, _meta(config_dict, step, data, examples, skips, before, wall())
                 ):

@@ -26,6 +26,7 @@ at the same points by the objective itself, as TRL's preference trainers evaluat
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -57,6 +58,8 @@ from jaxrl_llm.train.metrics import COUNT, with_derived_margin
 from jaxrl_llm.train.pair_packing import packing_fill
 from jaxrl_llm.train.shardings import place_batch
 from sharding import fetch_global
+
+log = logging.getLogger(__name__)
 
 
 def _unpaired(config: RunConfig) -> bool:
@@ -131,6 +134,16 @@ def load_preference_eval_examples(config: RunConfig, tokenizer: Any) -> list[Any
     )
     examples = examples[: config.train.eval_prompts]
     B = config.train.prompts_per_step
+    if examples and len(examples) < B:
+        log.warning(
+            "preference evaluation: %d held-out examples (train.eval_prompts = %d) are fewer "
+            "than one batch of train.prompts_per_step = %d: no preference metrics are "
+            "evaluated; raise train.eval_prompts to at least %d",
+            len(examples),
+            config.train.eval_prompts,
+            B,
+            B,
+        )
     return examples[: len(examples) // B * B]
 
 

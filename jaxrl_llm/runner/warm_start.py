@@ -122,8 +122,9 @@ def warm_start_policy(
         if earlier:  # the reference this run has trained against so far
             own = earlier[-1]
             log.warning(
-                "warm start: the config's warm start differs from the one this run started "
-                "from; resuming keeps the run's own (%s) as the reference",
+                "warm start: a setting the warm start depends on (model, tokenizer, data, "
+                "warm_start, seed, lengths) differs from the one this run started from; "
+                "resuming keeps the run's own warm start (%s) as the reference",
                 own,
             )
     with Checkpointer(own, save_every=1, keep=1, async_save=False) as cache:

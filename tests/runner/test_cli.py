@@ -163,6 +163,9 @@ def test_build_run_config_prefixes_component_errors():
         build_run_config({"model": {"checkpoint": "/m"}, "sft": {}, "sampling": {"top_p": 2.0}})
     with pytest.raises(ConfigError, match="model: missing"):
         build_run_config({"sft": {}})
+    # a component that raises ConfigError itself is prefixed too (it named no key path)
+    with pytest.raises(ConfigError, match=r"^model.lora: LoRAConfig: `rank` must be an int >= 1"):
+        build_run_config({"model": {"checkpoint": "/m", "lora": {"rank": 0}}, "sft": {}})
 
 
 def test_plan_subcommand_is_wired(capsys):

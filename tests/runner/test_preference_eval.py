@@ -120,3 +120,13 @@ def test_bco_evaluation_uses_the_shift_training_reached(tmp_path):
         k: v for k, v in second.items() if k not in timing
     }
     assert float(state.reward_moments.mean) == delta
+
+
+def test_fewer_held_out_examples_than_a_batch_are_named(caplog):
+    """`train.eval_prompts` below `train.prompts_per_step` leaves no whole batch to score: the
+    run says so instead of evaluating nothing silently."""
+    config = load_run_config(
+        DPO, [*PREFERENCE, "train.prompts_per_step=4", "train.eval_prompts=3"], run_dir="/r"
+    )
+    assert load_preference_eval_examples(config, ByteTokenizer()) == []
+    assert "3 held-out examples (train.eval_prompts = 3) are fewer than one batch" in caplog.text

@@ -124,6 +124,11 @@ def test_a_stop_token_ends_the_completion_for_the_host_and_the_in_graph_reward()
     [
         (["train.truncation_penalty=1.5"], "must be <= 1"),
         (["train.truncation_penalty=-1", "rewards.combine=decoupled"], "use combine: sum"),
+        # a ramp that starts after the longest completion would never apply
+        (
+            ["sampling.max_new_tokens=4", "train.overlong={buffer_length: 2, max_length: 8}"],
+            "starts after max_length − buffer_length = 6 tokens.*it would never apply",
+        ),
     ],
 )
 def test_truncation_penalty_config_errors(extra, message):

@@ -134,19 +134,53 @@ def concrete(x: Any) -> np.ndarray | None:
     return np.asarray(x)
 
 
+def check_finite(x: Any, name: str, *, where: str) -> None:
+    """Raise if a concrete number or array holds NaN or ±inf (traced `x`: not checked)."""
+    values = concrete(x)
+    if values is None or values.size == 0 or values.dtype.kind not in "biuf":
+        return
+    if not np.isfinite(values).all():
+        raise ValueError(f"{where}: `{name}` must be finite, got {x!r}.")
+
+
 def check_concrete_range(
     x: Any, name: str, *, where: str, low: float | None = None, high: float | None = None
 ) -> None:
-    """Raise if a concrete `x` has a value outside `[low, high]` (traced `x`: not checked)."""
+    """Raise if a concrete `x` has a value outside `[low, high]` or a NaN (traced `x`: not
+    checked)."""
     values = concrete(x)
-    if values is None or values.size == 0:
-        return
+    if values is None or values.size == 0 or values.dtype.kind not in "biuf":
+        return  # traced, empty or not a number (the dtype checks name that)
+    if values.dtype.kind == "f" and np.isnan(values).any():
+        raise ValueError(f"{where}: `{name}` must not be NaN, got {x!r}.")
     smallest, largest = values.min(), values.max()
     if (low is not None and smallest < low) or (high is not None and largest > high):
         bounds = f"[{'-inf' if low is None else low}, {'inf' if high is None else high}]"
         raise ValueError(
             f"{where}: `{name}` must lie in {bounds}, got values from {smallest} to {largest}."
         )
+
+
+def check_valid_range(
+    x: Any,
+    valid: Any,
+    name: str,
+    *,
+    where: str,
+    low: float | None = None,
+    high: float | None = None,
+) -> None:
+    """`check_concrete_range` on the entries of `x` where `valid > 0` (an invalid entry may hold
+    anything, e.g. −1 padding); `valid` None: every entry. Traced `x` or `valid`: not checked."""
+    known = concrete(x)
+    if known is None:
+        return
+    if valid is not None:
+        known_valid = concrete(valid)
+        if known_valid is None or known_valid.shape != known.shape:
+            return
+        known = known[known_valid > 0]
+    check_concrete_range(known, name, where=where, low=low, high=high)
 
 
 def global_count(value: Any, fallback: Array, name: str, *, where: str) -> Array:

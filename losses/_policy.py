@@ -25,6 +25,7 @@ from losses._checks import (
     as_mask,
     check_choice,
     check_floating,
+    check_positive,
     check_rank,
     check_same_shape,
 )
@@ -76,16 +77,26 @@ def prepare_policy_inputs(
     return PolicyInputs(lp, old, adv, m, valid)
 
 
-def log_ratio(inputs: PolicyInputs, log_ratio_clamp: float | None) -> tuple[Array, Array]:
+def log_ratio(
+    inputs: PolicyInputs, log_ratio_clamp: float | None, *, where: str
+) -> tuple[Array, Array]:
     """`(logr, r)` with `logr = logp − old_logp` and `r = exp(clip(logr, ±c))` (0/1 off-mask).
 
     The clamp (verl and OpenRLHF use ±20; TRL none) changes values and zeroes the gradient only
-    where `|logr| > c`.
+    where `|logr| > c`; a concrete `c` must be > 0 (a negative one forced every ratio to e^c).
     """
     logr = inputs.logp - inputs.old_logp
-    clamped = logr if log_ratio_clamp is None else jnp.clip(logr, -log_ratio_clamp, log_ratio_clamp)
+    clamped = clamp_log_ratio(logr, log_ratio_clamp, where=where)
     ratio = jnp.where(inputs.valid, jnp.exp(clamped), 0.0)
     return logr, ratio
+
+
+def clamp_log_ratio(logr: Array, log_ratio_clamp: Any, *, where: str) -> Array:
+    """`clip(logr, ±c)` (`c` None: `logr`); a concrete `c` must be > 0, not NaN (ValueError)."""
+    if log_ratio_clamp is None:
+        return logr
+    check_positive(log_ratio_clamp, "log_ratio_clamp", where=where)
+    return jnp.clip(logr, -log_ratio_clamp, log_ratio_clamp)
 
 
 def prepare_weights(

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from jax import Array
 from jaxtyping import ArrayLike
 
-from losses._checks import as_float32, as_mask, check_floating, check_rank, check_real
+from losses._checks import as_float32, as_mask, check_finite, check_floating, check_rank, check_real
 from losses.advantages import Scale, Singleton, _grouped_inputs, group_advantages
 from losses.entropy_mask import masked_quantile
 
@@ -316,6 +316,7 @@ def anchored_group_advantages(
     _check_coefficient(coef, "coef", where=where, low=0.0, high=None)
     s, v = _grouped_inputs(rewards, valid, where=where)
     check_real(anchor, "anchor", where=where)
+    check_finite(anchor, "anchor", where=where)
     try:
         jnp.broadcast_shapes(jnp.shape(anchor), s.shape)
     except ValueError:

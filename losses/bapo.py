@@ -125,7 +125,7 @@ def bapo_clip_bounds(
             f"c_high_max={c_high_max!r}."
         )
     inputs = prepare_policy_inputs(logp, old_logp, advantages, mask, where=where)
-    _, ratio = log_ratio(inputs, log_ratio_clamp)
+    _, ratio = log_ratio(inputs, log_ratio_clamp, where=where)
     ratio = jax.lax.stop_gradient(ratio)
     adv = inputs.advantages
     lows = jnp.asarray(clip_bound_grid(c_low, c_low_max, step), jnp.float32)  # [K]

@@ -97,7 +97,7 @@ def cispo_loss(
     else:
         check_positive(clip_high, "clip_high", where=where)
     inputs = prepare_policy_inputs(logp, old_logp, advantages, mask, where=where)
-    logr, ratio = log_ratio(inputs, log_ratio_clamp)
+    logr, ratio = log_ratio(inputs, log_ratio_clamp, where=where)
     adv = inputs.advantages
 
     if convention == "relative":

@@ -188,16 +188,16 @@ def clip_cov_loss(
     if (
         isinstance(clip_cov_lb, int | float)
         and isinstance(clip_cov_ub, int | float)
-        and clip_cov_lb >= clip_cov_ub
+        and not clip_cov_lb < clip_cov_ub  # NaN included: no token would be a candidate
     ):
         raise ValueError(
-            f"{where}: `clip_cov_lb` must be < `clip_cov_ub`, got {clip_cov_lb!r} >= "
-            f"{clip_cov_ub!r}."
+            f"{where}: `clip_cov_lb` must be < `clip_cov_ub` (neither NaN), got "
+            f"{clip_cov_lb!r} and {clip_cov_ub!r}."
         )
     if key is not None:
         _check_key(key, where)
     inputs = prepare_policy_inputs(logp, old_logp, advantages, mask, where=where)
-    logr, ratio = log_ratio(inputs, log_ratio_clamp)
+    logr, ratio = log_ratio(inputs, log_ratio_clamp, where=where)
     adv = inputs.advantages
 
     loss_unclipped, loss_clipped = clip_terms(adv, ratio, clip_low, clip_high)
@@ -300,7 +300,7 @@ def kl_cov_loss(
     _check_ratio(kl_cov_ratio, "kl_cov_ratio", where)
     check_positive(ppo_kl_coef, "ppo_kl_coef", where=where, allow_zero=True)
     inputs = prepare_policy_inputs(logp, old_logp, advantages, mask, where=where)
-    logr, ratio = log_ratio(inputs, log_ratio_clamp)
+    logr, ratio = log_ratio(inputs, log_ratio_clamp, where=where)
     adv = inputs.advantages
 
     cov = _token_cov(inputs)

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from jax import Array
 from jaxtyping import ArrayLike
 
-from losses._checks import check_choice, check_positive, check_rank, check_real
+from losses._checks import check_choice, check_positive, check_rank, check_real, global_count
 from losses._policy import (
     PolicyInputs,
     log_ratio,
@@ -164,7 +164,7 @@ def disco_loss(
     placeholder = jnp.zeros(jnp.shape(logp), jnp.float32)
     inputs = prepare_policy_inputs(logp, old_logp, placeholder, mask, where=where)
     labels = _correctness_labels(correct, jnp.shape(logp), where=where)
-    logr, ratio = log_ratio(inputs, log_ratio_clamp)
+    logr, ratio = log_ratio(inputs, log_ratio_clamp, where=where)
 
     weights = inputs.mask
     if token_weights is not None:
@@ -175,7 +175,10 @@ def disco_loss(
     has_g = has_tokens.reshape(shape)
     pos, neg = labels & has_g, ~labels & has_g
     j, informative = _group_objective(s_g, pos, neg, tau, objective)
-    d_grp = shape[0] if num_groups is None else jnp.asarray(num_groups, jnp.float32)
+    local = jnp.float32(shape[0])
+    d_grp = (
+        local if num_groups is None else global_count(num_groups, local, "num_groups", where=where)
+    )
     mean_j = jnp.sum(j) / d_grp
 
     count = jnp.maximum(jnp.sum(inputs.mask), 1.0)

@@ -127,7 +127,7 @@ def dppo_loss(
     if ratio_cap is not None:
         check_positive(ratio_cap, "ratio_cap", where=where)
     inputs = prepare_policy_inputs(logp, old_logp, advantages, mask, where=where)
-    logr, ratio = log_ratio(inputs, log_ratio_clamp)
+    logr, ratio = log_ratio(inputs, log_ratio_clamp, where=where)
     adv = inputs.advantages
 
     weight = ratio if ratio_cap is None else jnp.minimum(ratio, ratio_cap)

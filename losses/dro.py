@@ -82,7 +82,7 @@ def dro_loss(
         raise ValueError(f"{where}: `beta` is required (the penalty coefficient, > 0), got None.")
     check_positive(beta, "beta", where=where)
     inputs = prepare_policy_inputs(logp, old_logp, advantages, mask, where=where)
-    logr, ratio = log_ratio(inputs, log_ratio_clamp)
+    logr, ratio = log_ratio(inputs, log_ratio_clamp, where=where)
     penalty = 0.5 * beta * logr**2
     per_token = -(inputs.advantages * inputs.logp - penalty)
 

@@ -9,7 +9,16 @@ import jax.numpy as jnp
 from jax import Array
 from jaxtyping import ArrayLike
 
-from losses._checks import as_float32, as_mask, check_floating, check_rank, replicated
+from losses._checks import (
+    as_float32,
+    as_mask,
+    check_concrete_range,
+    check_finite,
+    check_floating,
+    check_positive,
+    check_rank,
+    replicated,
+)
 
 
 def masked_quantile(x: Array, valid: Array, q: Any) -> Array:
@@ -106,6 +115,7 @@ def high_entropy_mask(
     valid = m > 0
     h = jax.lax.stop_gradient(jnp.where(valid, as_float32(entropy), 0.0))
     if threshold is not None:
+        check_finite(threshold, "threshold", where=where)  # NaN kept no token, silently
         q = jnp.asarray(threshold, jnp.float32)
         if q.ndim != 0:
             raise ValueError(f"{where}: `threshold` must be a scalar, got shape {q.shape}.")
@@ -118,6 +128,8 @@ def high_entropy_mask(
             raise ValueError(
                 f"{where}: `top_quantile` must be a scalar, got shape {jnp.shape(top_quantile)}."
             )
+        check_positive(top_quantile, "top_quantile", where=where)  # concrete arrays too
+        check_concrete_range(top_quantile, "top_quantile", where=where, high=1.0)
         level = (
             1.0 - top_quantile  # in Python float64 when static
             if isinstance(top_quantile, int | float)

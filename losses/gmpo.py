@@ -124,7 +124,7 @@ def gmpo_loss(
     inputs = prepare_policy_inputs(logp, old_logp, advantages, mask, where=where)
     adv = inputs.advantages
 
-    raw_logr, ratio = log_ratio(inputs, log_ratio_clamp)  # zero outside the mask
+    raw_logr, ratio = log_ratio(inputs, log_ratio_clamp, where=where)  # zero outside the mask
     logr = raw_logr
     if log_ratio_clamp is not None:
         logr = jnp.clip(raw_logr, -log_ratio_clamp, log_ratio_clamp)

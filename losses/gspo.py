@@ -127,7 +127,7 @@ def gspo_loss(
             stacklevel=2,
         )
 
-    logr, _ = log_ratio(inputs, None)  # zero outside the mask
+    logr, _ = log_ratio(inputs, None, where=where)  # zero outside the mask
     lengths = jnp.sum(inputs.mask, axis=1, keepdims=True)
     seq_log_ratio = jnp.sum(logr, axis=1, keepdims=True) / jnp.maximum(lengths, 1.0)  # ŝl [N,1]
     if level == "sequence_token":

@@ -13,6 +13,7 @@ from jaxtyping import ArrayLike
 from losses._checks import (
     as_float32,
     check_choice,
+    check_concrete_range,
     check_floating,
     check_positive,
     check_same_shape,
@@ -29,6 +30,7 @@ def _mix_weights(mix: Any, logp: Any, token_weights: Any, where: str) -> tuple[A
     """`(w, w·tw, (1 − w)·tw)` as `[N,T]` stop-gradient weights (tw = token_weights or 1)."""
     if isinstance(mix, bool) or not isinstance(mix, int | float):
         check_floating(mix, "mix", where=where)
+        check_concrete_range(mix, "mix", where=where, low=0.0, high=1.0)
     elif not 0.0 <= mix <= 1.0:
         raise ValueError(f"{where}: `mix` must be in [0, 1], got {mix!r}.")
     shape = jnp.shape(logp)

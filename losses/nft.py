@@ -187,7 +187,7 @@ def nft_loss(
         norm_length=norm_length,
         where=where,
     )
-    logr, ratio = log_ratio(inputs, 20.0)
+    logr, ratio = log_ratio(inputs, 20.0, where=where)
     below_pos = jnp.zeros_like(inputs.valid) if clamp_pos is None else big_r < clamp_pos
     metrics = {
         "policy/accuracy_mean": jnp.mean(acc),

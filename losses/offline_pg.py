@@ -20,6 +20,7 @@ from losses._checks import (
     as_float32,
     as_mask,
     check_choice,
+    check_finite,
     check_floating,
     check_positive,
     check_rank,
@@ -28,6 +29,7 @@ from losses._checks import (
     global_count,
 )
 from losses._policy import (
+    clamp_log_ratio,
     prepare_policy_inputs,
     reduce_policy_loss,
     stop_gradient_metrics,
@@ -214,9 +216,7 @@ def alol_loss(
     )
     adv = x["rewards"] - x["values"]
     logr = jax.lax.stop_gradient(x["seq_logp"]) - x["ref_seq_logp"]
-    if log_ratio_clamp is not None:
-        logr = jnp.clip(logr, -log_ratio_clamp, log_ratio_clamp)
-    ratio = jnp.exp(logr)
+    ratio = jnp.exp(clamp_log_ratio(logr, log_ratio_clamp, where=where))
     weight = jnp.clip(ratio, 1.0 - clip, 1.0 + clip)
     keep = (v > 0) & (adv > 0)
     per_seq = jnp.where(keep, -adv * weight * x["seq_logp"], 0.0)
@@ -392,6 +392,7 @@ def gated_sft_loss(
         )
     valid = m > 0
     lp = zero_outside(as_float32(expert_logp), valid)
+    check_finite(threshold, "threshold", where=where)  # NaN closed every gate, silently
     gate = jax.lax.stop_gradient(as_float32(n_correct) < threshold)  # [B]
     gate_rows = jnp.broadcast_to(gate[:, None], (b, rows // b)).reshape(-1)[:, None]  # [M,1]
     kw = {"num_tokens": num_tokens, "num_seqs": num_seqs, "norm_length": norm_length}

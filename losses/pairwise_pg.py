@@ -22,7 +22,7 @@ from losses._checks import (
     check_rank,
     check_real,
 )
-from losses._policy import stop_gradient_metrics, zero_outside
+from losses._policy import clamp_log_ratio, stop_gradient_metrics, zero_outside
 from losses._preference import batch_mean, pair_array, pair_mean, pair_valid
 
 
@@ -98,8 +98,7 @@ def pairwise_ppo_loss(
     gap = r[:, 0] - r[:, 1]
     adv = jnp.stack([gap, -gap], axis=1)
     logr = lp - old
-    clamped = logr if log_ratio_clamp is None else jnp.clip(logr, -log_ratio_clamp, log_ratio_clamp)
-    ratio = jnp.exp(clamped)
+    ratio = jnp.exp(clamp_log_ratio(logr, log_ratio_clamp, where=where))
     unclipped = -adv * ratio
     clipped = -adv * jnp.clip(ratio, 1.0 - clip, 1.0 + clip)
     per_pair = 0.5 * jnp.sum(jnp.maximum(unclipped, clipped), axis=1)

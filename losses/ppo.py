@@ -91,7 +91,7 @@ def ppo_clip_loss(
     check_above(dual_clip, 1.0, "dual_clip", where=where, none_ok="no dual clip")
     check_above(ratio_cap, 1.0, "ratio_cap", where=where, none_ok="no cap")
     inputs = prepare_policy_inputs(logp, old_logp, advantages, mask, where=where)
-    logr, ratio = log_ratio(inputs, log_ratio_clamp)
+    logr, ratio = log_ratio(inputs, log_ratio_clamp, where=where)
     adv = inputs.advantages
 
     loss_unclipped, loss_clipped = clip_terms(adv, ratio, clip_low, clip_high)

@@ -30,6 +30,7 @@ from losses._checks import (
     check_rank,
     check_real,
     check_same_shape,
+    check_valid_range,
 )
 from losses._policy import stop_gradient_metrics, zero_outside
 from losses.aggregation import AGG_MODES, AggMode, aggregate
@@ -104,6 +105,7 @@ def mc_step_labels(
     check_choice(mode, ("hard", "soft"), "mode", where=where)
     shape = jnp.shape(rollout_correct)
     v = _optional_valid(valid, shape, where=where) > 0
+    check_valid_range(rollout_correct, v, "rollout_correct", where=where, low=0.0, high=1.0)
     c = zero_outside(as_float32(rollout_correct), v)
     if mode == "hard":
         labels = jnp.any(c > 0, axis=-1).astype(jnp.float32)
@@ -160,6 +162,7 @@ def prm_bce_loss(
     z, y, m, valid = _step_inputs(
         step_logits, labels, step_mask, ("step_logits", "labels", "step_mask"), where=where
     )
+    check_valid_range(labels, step_mask, "labels", where=where, low=0.0, high=1.0)
     per_step = zero_outside(_bce_with_logits(z, y), valid)
     loss = aggregate(
         per_step, m, mode=agg, num_tokens=num_tokens, num_seqs=num_seqs, norm_length=norm_length
@@ -478,6 +481,7 @@ def implicit_prm_loss(
             f"got {jnp.shape(labels)}."
         )
     v = _optional_valid(valid, (N,), where=where)
+    check_valid_range(labels, v, "labels", where=where, low=0.0, high=1.0)
     y = jax.lax.stop_gradient(zero_outside(as_float32(labels), v > 0))
     r = zero_outside(b * jnp.sum(lr, axis=-1), v > 0)
     loss = _masked_mean(_bce_with_logits(r, y), v)

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from jax import Array
 from jaxtyping import ArrayLike
 
+from losses._checks import check_concrete_range, check_valid_range
 from losses._rewards import check_number, check_shape, flags, real_array, sg, zero_outside
 
 
@@ -170,6 +171,8 @@ def turn_decay_rewards(
     ok = flags(solved, k.shape, "solved", where=where)
     rep = real_array(n_rep, "n_rep", where=where)
     check_shape(rep, k.shape, "n_rep", where=where)
+    check_valid_range(k, ok, "turn", where=where, low=0)  # 0-based: γ^turn never exceeds 1
+    check_concrete_range(rep, "n_rep", where=where, low=0)
     check_number(gamma, "gamma", where=where, low=0.0, high=1.0)
     check_number(lam, "lam", where=where, low=0.0)
     success = jnp.where(ok, jnp.power(jnp.asarray(gamma, k.dtype), zero_outside(k, ok)), 0.0)

@@ -94,7 +94,7 @@ def ratio_variance_loss(
     check_positive(target, "target", where=where, allow_zero=True)
     _check_dual(lam, "lam", where)
     inputs = prepare_policy_inputs(logp, old_logp, advantages, mask, where=where)
-    logr, ratio = log_ratio(inputs, log_ratio_clamp)
+    logr, ratio = log_ratio(inputs, log_ratio_clamp, where=where)
 
     surrogate = reduce_policy_loss(
         -inputs.advantages * ratio,

@@ -29,6 +29,7 @@ from losses._checks import (
     as_float32,
     as_mask,
     check_choice,
+    check_concrete_range,
     check_rank,
     check_real,
     check_same_shape,
@@ -53,9 +54,12 @@ def _token_input(x: Any, name: str, *, where: str) -> Array:
 
 
 def _check_unit_interval(value: Any, name: str, *, where: str) -> None:
-    """Raise if a static (Python) number lies outside [0, 1]. Traced values are not checked."""
-    if isinstance(value, int | float) and not 0.0 <= value <= 1.0:
+    """Raise if a concrete scalar (a Python number or a 0-d array) lies outside [0, 1] or is
+    NaN. Traced values are not checked, nor per-token arrays (their padding may hold anything)."""
+    if isinstance(value, int | float) and not 0.0 <= value <= 1.0:  # NaN included
         raise ValueError(f"{where}: `{name}` must lie in [0, 1], got {value!r}.")
+    if not isinstance(value, bool) and jnp.ndim(value) == 0:
+        check_concrete_range(value, name, where=where, low=0.0, high=1.0)
 
 
 def _discount(gamma: Any, like: Array, *, where: str) -> Array:

@@ -87,7 +87,7 @@ def sapo_loss(
     check_positive(tau_pos, "tau_pos", where=where)
     check_positive(tau_neg, "tau_neg", where=where)
     inputs = prepare_policy_inputs(logp, old_logp, advantages, mask, where=where)
-    logr, ratio = log_ratio(inputs, log_ratio_clamp)
+    logr, ratio = log_ratio(inputs, log_ratio_clamp, where=where)
     adv = inputs.advantages
 
     tau = jnp.where(adv > 0, jnp.asarray(tau_pos, jnp.float32), jnp.asarray(tau_neg, jnp.float32))

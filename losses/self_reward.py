@@ -21,10 +21,13 @@ from jaxtyping import ArrayLike
 from losses._checks import (
     as_float32,
     as_mask,
+    check_concrete_range,
+    check_finite,
     check_floating,
     check_positive,
     check_rank,
     check_real,
+    concrete,
 )
 from losses._policy import stop_gradient_metrics, zero_outside
 from losses.reward_model import _masked_mean, _optional_valid
@@ -119,6 +122,7 @@ def laser_self_rewards(
     check_positive(temperature, "temperature", where=where)
     check_real(ref_constant, "ref_constant", where=where)
     check_real(beta_v, "beta_v", where=where)
+    check_finite(beta_v, "beta_v", where=where)
     if jnp.ndim(beta_v) != 0:
         raise ValueError(f"{where}: `beta_v` must be a scalar, got shape {jnp.shape(beta_v)}.")
     c_ref = as_float32(ref_constant)
@@ -229,6 +233,13 @@ def pass_at_k(c: ArrayLike, n: ArrayLike, k: int) -> Array:
             f"{where}: `c` with shape {jnp.shape(c)} and `n` with shape {jnp.shape(n)} do not "
             "broadcast."
         ) from None
+    known_c, known_n = concrete(c), concrete(n)
+    check_concrete_range(known_c, "c", where=where, low=0)
+    check_concrete_range(known_n, "n", where=where, low=1)
+    if known_c is not None and known_n is not None and (known_c > known_n).any():
+        raise ValueError(
+            f"{where}: `c` (correct samples) must be <= `n` (samples), got c = {c!r}, n = {n!r}."
+        )
     cf = jnp.broadcast_to(jnp.asarray(c, jnp.float32), shape)
     nf = jnp.broadcast_to(jnp.asarray(n, jnp.float32), shape)
     j = jnp.arange(k, dtype=jnp.float32).reshape((k,) + (1,) * len(shape))

@@ -281,6 +281,9 @@ def direct_advantage_step_loss(
     return loss, stop_gradient_metrics(metrics)
 
 
+_MAX_LOG_WEIGHT = 60.0  # AWR's weights stay below e^60 ≈ 1e26: a sum of w·logp stays finite
+
+
 def awr_loss(
     step_logp: ArrayLike,
     step_adv: ArrayLike,
@@ -300,7 +303,8 @@ def awr_loss(
     `lp_nk` is the log-prob of step `k` (`segment_reduce(logp, seg, mask, op="sum")`), `A_nk` its
     advantage (e.g. `step_advantages` from Monte-Carlo rollouts of the prefix). Steps with a high
     advantage are imitated more; with `token_mean` the loss is `−masked_mean(exp(A/β)·lp)`.
-    `max_weight=None` leaves the weights unclipped, as the formula; AWR implementations usually
+    `max_weight=None` leaves the weights unclipped, as the formula, up to `e^60` (`exp(A/β)`
+    overflowed float32 from `A/β > 88.7` and the loss became inf or NaN); AWR implementations usually
     cap them (e.g. 20) because `exp(A/β)` grows without bound. The step-level form and the
     masked mean are (reconstructed — verify against the paper).
 
@@ -337,8 +341,8 @@ def awr_loss(
     check_choice(agg, AGG_MODES, "agg", where=where)
     (lp, adv), m = _masked_inputs(where, mask, ("step_logp", step_logp), step_adv=step_adv)
     exponent = _sg(adv) / jnp.asarray(beta, lp.dtype)
-    if max_weight is not None:
-        exponent = jnp.minimum(exponent, jnp.log(jnp.asarray(max_weight, lp.dtype)))
+    cap = _MAX_LOG_WEIGHT if max_weight is None else jnp.log(jnp.asarray(max_weight, lp.dtype))
+    exponent = jnp.minimum(exponent, cap)
     weights = _sg(_zero_outside(jnp.exp(exponent), m > 0))
     loss = aggregate(
         -weights * lp,

@@ -18,6 +18,7 @@ from jaxtyping import ArrayLike
 from losses._checks import (
     as_float32,
     as_mask,
+    check_finite,
     check_floating,
     check_positive,
     check_rank,
@@ -166,6 +167,7 @@ def tgdpo_loss(
     if jnp.ndim(beta) or jnp.ndim(alpha):
         raise ValueError(f"{where}: `beta` and `alpha` must be scalars.")
     check_real(alpha, "alpha", where=where)
+    check_finite(alpha, "alpha", where=where)
     lr_c, rw_c, _ = _token_inputs(
         chosen_token_lr,
         chosen_token_rewards,

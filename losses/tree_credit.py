@@ -19,7 +19,15 @@ import jax.numpy as jnp
 from jax import Array
 from jaxtyping import ArrayLike
 
-from losses._checks import as_float32, as_mask, check_choice, check_positive, check_rank, check_real
+from losses._checks import (
+    as_float32,
+    as_mask,
+    check_choice,
+    check_finite,
+    check_positive,
+    check_rank,
+    check_real,
+)
 from losses.advantages import group_advantages
 from losses.segments import _check_integer, _previous_valid_index, _zero_outside
 
@@ -172,6 +180,7 @@ def tempo_advantages(
     check_choice(ddof, (0, 1), "ddof", where=where)
     check_positive(eps, "eps", where=where, allow_zero=True)
     check_real(td_weight, "td_weight", where=where)
+    check_finite(td_weight, "td_weight", where=where)
     if jnp.ndim(td_weight) != 0:
         raise ValueError(
             f"{where}: `td_weight` must be a scalar, got shape {jnp.shape(td_weight)}."

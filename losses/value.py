@@ -263,7 +263,8 @@ def normalize_rewards(
       state: `RunningMoments` of the reward stream.
       clip: symmetric bound on the normalised rewards (> 0); None: no clipping.
       shift_mean: subtract the running mean (True) or keep it (False).
-      eps: added to the variance before the square root.
+      eps: added to the variance before the square root (with `eps = 0`, a stream of equal
+        values scales by 1 instead of dividing by 0).
       mask: optional {0,1} of the shape of `x`; outputs are 0 outside it (NaN there never leaks).
 
     Returns:
@@ -286,7 +287,8 @@ def normalize_rewards(
         x = zero_outside(x, as_mask(mask, x.shape, where=where) > 0)
     empty = state.count <= 0
     var = state.m2 / jnp.maximum(state.count, 1.0)
-    scale = jnp.where(empty, 1.0, jax.lax.rsqrt(var + eps))
+    # a constant stream with eps = 0 has no scale to divide by: 1, as for the empty state
+    scale = jnp.where(empty | (var + eps <= 0), 1.0, jax.lax.rsqrt(jnp.maximum(var + eps, 1e-30)))
     mean = jnp.where(empty, 0.0, state.mean)
     y = (x - mean) * scale
     if not shift_mean:

@@ -12,6 +12,7 @@ from jaxtyping import ArrayLike
 
 from losses._checks import check_positive
 from losses._policy import (
+    clamp_log_ratio,
     log_ratio,
     prepare_policy_inputs,
     prepare_weights,
@@ -30,7 +31,7 @@ def _sequence_log_weight(
     logr: Array, log_ratio_clamp: Any, is_weights: Any, inputs: Any, where: str
 ) -> Array:
     """`log w_n` `[N,1]`: the clipped sum of token log-ratios and log rollout-IS weights."""
-    clamped = logr if log_ratio_clamp is None else jnp.clip(logr, -log_ratio_clamp, log_ratio_clamp)
+    clamped = clamp_log_ratio(logr, log_ratio_clamp, where=where)
     total = jnp.sum(zero_outside(clamped, inputs.valid), axis=1, keepdims=True)
     if is_weights is not None:
         w = prepare_weights(is_weights, "is_weights", inputs, where, stop_gradient=True)
@@ -117,7 +118,7 @@ def vespo_loss(
     ):
         check_positive(value, name, where=where)
     inputs = prepare_policy_inputs(logp, old_logp, advantages, mask, where=where)
-    logr, ratio = log_ratio(inputs, log_ratio_clamp)
+    logr, ratio = log_ratio(inputs, log_ratio_clamp, where=where)
     adv = inputs.advantages
 
     log_w = jax.lax.stop_gradient(

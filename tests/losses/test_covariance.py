@@ -323,7 +323,8 @@ def test_bad_input_errors_name_the_problem():
     with pytest.raises(ValueError, match=r"`clip_cov_ratio` must be in \(0, 1\], got 1\.5"):
         clip_cov_loss(lp, lp, lp, m, clip_cov_ratio=1.5)
     with pytest.raises(
-        ValueError, match=r"`clip_cov_lb` must be < `clip_cov_ub`, got 5\.0 >= 1\.0"
+        ValueError,
+        match=r"`clip_cov_lb` must be < `clip_cov_ub` \(neither NaN\), got 5\.0 and 1\.0",
     ):
         clip_cov_loss(lp, lp, lp, m, clip_cov_lb=5.0, clip_cov_ub=1.0)
     with pytest.raises(ValueError, match="`key` must be None or a single PRNG key"):

@@ -66,6 +66,7 @@ __all__ = [
     "CheckpointConfig",
     "Checkpointer",
     "IncompleteCheckpointWarning",
+    "StateMismatchError",
     "abstract_target",
 ]
 
@@ -215,8 +216,23 @@ def _without_absent_fields(target: Any, saved_tree: Any) -> tuple[Any, Any]:
     return kept, lambda restored: type(target)(**restored, **dict.fromkeys(absent))
 
 
+class StateMismatchError(ValueError):
+    """A checkpoint's tree does not match the target state: `leaves` names every leaf that is
+    missing on either side or has another shape or dtype (dotted paths, `opt_state.…`).
+
+    Examples:
+      >>> err = StateMismatchError("restore: does not match", frozenset({"opt_state.mu"}))
+      >>> isinstance(err, ValueError), sorted(err.leaves)
+      (True, ['opt_state.mu'])
+    """
+
+    def __init__(self, message: str, leaves: frozenset[str]):
+        super().__init__(message)
+        self.leaves = leaves
+
+
 def _check_matches(saved_tree: Any, target: Any, *, where: str) -> None:
-    """Raise `ValueError` naming the first leaves whose names, shapes or dtypes differ."""
+    """Raise `StateMismatchError` naming the first leaves whose names, shapes or dtypes differ."""
     saved: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
     for path, meta in jax.tree_util.tree_flatten_with_path(saved_tree)[0]:
         saved[_leaf_name(path)] = (tuple(meta.shape), np.dtype(meta.dtype))
@@ -231,17 +247,20 @@ def _check_matches(saved_tree: Any, target: Any, *, where: str) -> None:
         problems.append(f"not in the checkpoint: {_listed(missing)}")
     if extra:
         problems.append(f"only in the checkpoint: {_listed(extra)}")
+    mismatched = [
+        name for name, layout in wanted.items() if name in saved and saved[name] != layout
+    ]
     differ = [
         f"{name}: checkpoint {saved[name][0]} {saved[name][1]} vs target {shape} {dtype}"
-        for name, (shape, dtype) in wanted.items()
-        if name in saved and saved[name] != (shape, dtype)
+        for name, (shape, dtype) in ((n, wanted[n]) for n in mismatched)
     ]
     if differ:
         problems.append(f"shape/dtype mismatch: {_listed(differ)}")
     if problems:
-        raise ValueError(
+        raise StateMismatchError(
             f"Checkpointer.restore: {where} does not match the target state (a checkpoint of a "
-            f"different model or config?) -- {' | '.join(problems)}."
+            f"different model or config?) -- {' | '.join(problems)}.",
+            frozenset([*missing, *extra, *mismatched]),
         )
 
 

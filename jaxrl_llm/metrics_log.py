@@ -497,9 +497,11 @@ class MetricsLogger:
         (except the library's `pass@k` keys, shown as `pass_k`) or collides with another key's
         tag."""
         tag = _TAG_CHARACTERS.sub("_", key)
-        owner = self._tags.setdefault(tag, key)
+        owner = self._tags.setdefault(tag, key)  # the first key of a tag keeps it
         if owner != key:
-            self._tags[tag] = key
+            if key in self._renamed:
+                return tag
+            self._renamed.add(key)  # one warning per colliding key, not one per step
             warnings.warn(
                 f"MetricsLogger: metrics '{owner}' and '{key}' share the TensorBoard tag '{tag}' "
                 "(its tags allow letters, digits and _ - . / only); metrics.jsonl keeps both "

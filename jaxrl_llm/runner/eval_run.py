@@ -19,7 +19,7 @@ from typing import Any
 
 import jax
 
-from jaxrl_llm.checkpoint import Checkpointer
+from jaxrl_llm.checkpoint import Checkpointer, StateMismatchError
 from jaxrl_llm.config import ConfigError
 from jaxrl_llm.runner.config import RunConfig, check_devices
 from jaxrl_llm.runner.evaluate import evaluate_state
@@ -99,7 +99,12 @@ def evaluate_run(
     check_devices(config, jax.device_count())
     mesh = make_mesh(config.mesh)
     with jax.set_mesh(mesh):
-        context, state, _ = build_context(config, mesh, run_dir, with_warm_start=False)
+        # `none`: the policy the run's RL starts from, warm-started as the run was (the run's
+        # own cached warm start, trained here if there is none); a checkpoint replaces it
+        initial = checkpoint == "none"
+        context, state, _ = build_context(
+            config, mesh, run_dir, with_warm_start=initial, resume=initial
+        )
     if train.eval_prompts == 0:
         raise ConfigError(
             "train.eval_prompts: 0 (evaluation off) leaves nothing to evaluate; pass --prompts N "
@@ -127,8 +132,8 @@ def evaluate_run(
             with jax.set_mesh(mesh):
                 try:
                     state, _ = ckpt.restore(step, target_state=state)
-                except ValueError as err:
-                    if "opt_state" not in str(err):
+                except StateMismatchError as err:
+                    if not all(leaf.startswith("opt_state") for leaf in err.leaves):
                         raise
                     raise ConfigError(  # the whole train state is restored, optimizer included
                         f"{err} The optimizer state differs: evaluate with the optim.* "

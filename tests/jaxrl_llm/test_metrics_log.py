@@ -309,9 +309,12 @@ def test_tensorboard_tags_that_tensorboardx_renames_are_warned_once(tmp_path):
             log.log(2, {"eval/pass@1": 0.75, "my metric": 2.0})
         with pytest.warns(RuntimeWarning, match="'eval/pass@1' and 'eval/pass_1' share"):
             log.log(3, {"eval/pass_1": 1.0})
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a collision logged again is not warned again
+            log.log(4, {"eval/pass@1": 0.5, "eval/pass_1": 1.0})
     tags = {tag for tag, *_ in _scalar_events(tmp_path)}
     assert tags == {"eval/pass_1", "reward/mean", "my_metric"}
-    assert [r.get("eval/pass@1") for r in read_metrics(tmp_path)] == [0.5, None, 0.75, None]
+    assert [r.get("eval/pass@1") for r in read_metrics(tmp_path)] == [0.5, None, 0.75, None, 0.5]
 
 
 def _open_files(path) -> list[str]:

@@ -85,6 +85,10 @@ def test_eval_command_on_a_trained_run(tmp_path, capsys):
     assert main(["eval", GRPO, *overrides, *adam, "--run-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "The optimizer state differs: evaluate with the optim.* settings" in err, err
+    # another model (adapters the run did not train): not an optimizer setting, not said to be
+    assert main(["eval", GRPO, *overrides, "model.lora={rank: 2}", "--run-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "does not match the target state" in err and "optimizer state differs" not in err, err
 
     # the greedy accuracy, recomputed with the public sampler on the exported policy
     from jaxrl_llm.runner import load_run_config, load_task
@@ -140,6 +144,24 @@ def test_eval_command_on_a_trained_run(tmp_path, capsys):
     off = [*overrides, "train.eval_prompts=0"]
     assert main(["eval", GRPO, *off, "--run-dir", str(tmp_path)]) == 2
     assert "train.eval_prompts: 0 (evaluation off)" in capsys.readouterr().err
+
+
+def test_eval_of_no_checkpoint_is_step_0_after_the_warm_start(tmp_path):
+    """`--checkpoint none` evaluates the policy the run's first step started from: with a warm
+    start, the fine-tuned one (it evaluated the random model before)."""
+    overrides = [
+        *[o for o in TINY if not o.startswith("warm_start")],
+        "warm_start={steps: 3, batch_size: 4, learning_rate: 0.05}",
+        "train.steps=1",
+        "train.eval_prompts=4",
+    ]
+    assert main(["train", GRPO, *overrides, "--run-dir", str(tmp_path)]) == 0
+    assert main(["eval", GRPO, *overrides, "--checkpoint", "none", "--run-dir", str(tmp_path)]) == 0
+    initial = json.loads((tmp_path / "eval" / "step_initial.json").read_text())
+    logged = next(r for r in records(tmp_path) if r["step"] == 0 and "eval/accuracy" in r)
+    shared = [k for k in logged if k.startswith("eval/") and k in initial]
+    assert "eval/response_length_mean" in shared or len(shared) > 3
+    assert {k: initial[k] for k in shared} == {k: logged[k] for k in shared}
 
 
 def test_sft_eval_nll_is_the_token_mean_over_every_fitting_eval_pair(tmp_path):

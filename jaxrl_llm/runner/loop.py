@@ -328,6 +328,20 @@ PROGRESS_KEYS_BY_KIND = {
 }
 
 
+def _warn_unknown_progress_keys(keys: tuple[str, ...], metrics: dict[str, Any]) -> None:
+    """Warn once, after the first step, about the `metrics.progress_keys` a user set that the
+    step did not log (a typo showed nothing, silently); `eval/` keys appear at evaluations only
+    and are not named."""
+    unknown = [k for k in keys if k not in metrics and not k.startswith("eval/")]
+    if unknown:
+        log.warning(
+            "metrics.progress_keys: %s not among this run's step metrics (it logs e.g. %s); "
+            "they are not shown",
+            ", ".join(unknown),
+            ", ".join(sorted(metrics)[:6]),
+        )
+
+
 def _metrics_config(config: RunConfig) -> MetricsConfig:
     """`config.metrics`, with the progress line of an SFT, preference or reward-model run
     showing its own metrics when `metrics.progress_keys` is left at the (RL) default.
@@ -527,6 +541,8 @@ def run_training(prepared: PreparedRun, *, resume_command: str | None = None) ->
                     or skipped
                 ):
                     logger.log(step, metrics)
+                if step == start + 1 and config.metrics.progress_keys != DEFAULT_PROGRESS_KEYS:
+                    _warn_unknown_progress_keys(logger.progress_keys, metrics)  # the user's
                 warnings = degenerate_batch_warnings(metrics)
                 for warning in warnings:
                     if warning not in active_warnings:  # once per streak

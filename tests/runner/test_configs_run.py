@@ -166,3 +166,11 @@ def test_bco_config_runs_and_resumes_with_its_reward_shift(tmp_path):
     moments = prepared.state.reward_moments  # the checkpoint holds δ's statistics
     assert float(moments.count) == 4 * 2 * 2  # 4 steps × 2 pairs × (chosen, rejected)
     assert float(moments.mean) == pytest.approx(deltas[-1], abs=1e-7)
+
+
+def test_a_progress_key_the_run_does_not_log_is_named(tmp_path, caplog):
+    """`metrics.progress_keys` with a typo showed nothing, silently: the first step names it."""
+    overrides = [*TINY, "train.steps=1", "metrics.progress_keys=[reward/mean, reward/maen]"]
+    assert main(["train", str(CONFIGS / "grpo.yaml"), *overrides, "--run-dir", str(tmp_path)]) == 0
+    # only the key the step did not log (reward/mean is one it logs)
+    assert "metrics.progress_keys: reward/maen not among this run's step metrics" in caplog.text

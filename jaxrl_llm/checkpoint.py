@@ -645,7 +645,8 @@ class Checkpointer:
 
         Raises:
           ValueError: no complete checkpoint (or not the requested step), the checkpoint does
-            not match the target (names, shapes, dtypes; the message lists the first ones), its
+            not match the target (`StateMismatchError`: names, shapes, dtypes; the message
+            lists the first ones, `.leaves` all of them), its
             files cannot be read (truncated, missing), or the restored values differ from the
             saved ones (checksums; the message names the leaves).
 
@@ -656,7 +657,7 @@ class Checkpointer:
           ...     ckpt.restore(target_state={"w": jnp.zeros((3, 2))})
           Traceback (most recent call last):
           ...
-          ValueError: Checkpointer.restore: step 3 ... shape/dtype mismatch: w: checkpoint (2, 2) float32 vs target (3, 2) float32.
+          jaxrl_llm.checkpoint.StateMismatchError: Checkpointer.restore: step 3 ... shape/dtype mismatch: w: checkpoint (2, 2) float32 vs target (3, 2) float32.
         """
         target = _abstract(target_state, "Checkpointer.restore")
         self._manager.wait_until_finished()

@@ -8,6 +8,7 @@ skipped and listed in the returned issues, with a logged warning (`on_error="ski
 
 from __future__ import annotations
 
+import decimal
 import logging
 import math
 from collections.abc import Mapping, Sequence
@@ -51,7 +52,8 @@ def _text(value: bytes, field: str) -> str:
 
 
 def plain_value(value: Any, field: str) -> Any:
-    """A record value as plain Python: bytes → str (UTF-8, checked), NumPy → Python.
+    """A record value as plain Python: bytes → str (UTF-8, checked), NumPy → Python, a
+    `Decimal` → its text (`Decimal("18.50")` → `"18.50"`).
 
     Raises `ValueError` (naming `field`) for bytes that are not UTF-8 and for strings with
     unpaired surrogates, which no tokenizer can encode.
@@ -80,6 +82,8 @@ def plain_value(value: Any, field: str) -> Any:
         return [plain_value(v, field) for v in value.tolist()]
     if isinstance(value, np.generic):
         return plain_value(value.item(), field)
+    if isinstance(value, decimal.Decimal):  # a Parquet decimal column: its digits as written
+        return str(value)
     if isinstance(value, Mapping):
         return {str(k): plain_value(v, f"{field}.{k}") for k, v in value.items()}
     if isinstance(value, list | tuple):

@@ -279,11 +279,13 @@ def estimate(
       A `Plan` with `memory` (bytes per device) and `time` (seconds per iteration).
 
     Raises:
-      ValueError: an unknown preset or device, or an impossible mesh (query heads or MLP width
-        not divisible by `tensor`, model width not divisible by `fsdp`, prompts (B) not
-        divisible by `data·fsdp`, a `micro_batch` that does not divide an update). A
-        micro-batch that does not split evenly over `data·fsdp` (the runner allows it) is
-        counted as if every device computed all its rows, an upper bound, with a note.
+      ValueError: an unknown preset or device, or an impossible batch split (prompts (B) not
+        divisible by `data·fsdp`, minibatches that do not divide the rows, a `micro_batch`
+        that does not divide an update). Weights that do not split over their mesh axis
+        (query heads or MLP width over `tensor`, model width over `fsdp`) are counted
+        replicated, as the rule table places them, with a note; a micro-batch that does not
+        split evenly over `data·fsdp` (the runner allows it) is counted as if every device
+        computed all its rows, an upper bound, with a note.
 
     Examples:
       >>> p = estimate("qwen2.5-7b", PlanConfig(mesh=(1, 8, 1), batch=32, group_size=8), "h100")

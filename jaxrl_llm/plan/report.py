@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     """`jaxrl-llm plan MODEL [--mesh D,F,T | --devices N] ...`: print the plan.
 
     Examples:
-      >>> main(["llama-3-70b", "--mesh", "1,3,1"])  # 8192 wide: fsdp=3 is impossible
+      >>> main(["llama-3-70b", "--mesh", "1,3,1"])  # the 64 prompts do not split over fsdp=3
       2
     """
     return run(build_parser().parse_args(argv))

@@ -79,7 +79,9 @@ def math_answer(
       [1.0, 1.0, 0.0]
     """
     where = "math_answer"
-    _math_answer_options(extract=extract, reference_extract=reference_extract)
+    _math_answer_options(
+        extract=extract, reference_extract=reference_extract, answer_field=answer_field
+    )
     refs = _field(fields, answer_field, len(completions), where)
     out = []
     for completion, ref in zip(completions, refs, strict=True):
@@ -90,10 +92,20 @@ def math_answer(
 
 
 def _math_answer_options(
-    *, extract: Any = "auto", reference_extract: Any = "auto", **_: Any
+    *,
+    extract: Any = "auto",
+    reference_extract: Any = "auto",
+    answer_field: Any = "answer",
+    **_: Any,
 ) -> None:
     _check_method(extract, "extract", "math_answer")
     _check_method(reference_extract, "reference_extract", "math_answer")
+    _check_field_name(answer_field, "answer_field", "math_answer")
+
+
+def _check_field_name(value: Any, name: str, where: str) -> None:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{where}: `{name}` must be a non-empty field name, got {value!r}.")
 
 
 def _reference_answer(reference: str, method: ExtractMethod) -> str:
@@ -126,7 +138,7 @@ def exact_match(
       [1.0, 0.0]
     """
     where = "exact_match"
-    _exact_match_options(extract=extract)
+    _exact_match_options(extract=extract, ignore_case=ignore_case, answer_field=answer_field)
     refs = _field(fields, answer_field, len(completions), where)
     return [
         float(
@@ -138,8 +150,13 @@ def exact_match(
     ]
 
 
-def _exact_match_options(*, extract: Any = "full", **_: Any) -> None:
+def _exact_match_options(
+    *, extract: Any = "full", ignore_case: Any = False, answer_field: Any = "answer", **_: Any
+) -> None:
     _check_method(extract, "extract", "exact_match")
+    if not isinstance(ignore_case, bool):  # the string "false" is true
+        raise ValueError(f"exact_match: `ignore_case` must be true or false, got {ignore_case!r}.")
+    _check_field_name(answer_field, "answer_field", "exact_match")
 
 
 def exact_answer(

@@ -28,12 +28,17 @@ EXTRACT_METHODS: tuple[str, ...] = ("auto", "boxed", "hash", "tag", "last_number
 
 # thousands groups of exactly three digits (`1,2345` is the numbers 1 and 2345, not `1,234` and 5)
 _NUMBER = r"[-+]?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?|[-+]?\.\d+"
-_FRAC_RE = re.compile(r"^\\[dt]?frac\{([^{}]+)\}\{([^{}]+)\}$")
+_FRAC_ARG = r"(?:\{([^{}]+)\}|(\d))"  # {any} or one digit: \frac{1}{2}, \frac12, \frac1{2}
+_FRAC_RE = re.compile(rf"^\\[dt]?frac\s*{_FRAC_ARG}\s*{_FRAC_ARG}$")
 _SLASH_RE = re.compile(rf"^({_NUMBER})\s*/\s*({_NUMBER})$")
 # a fraction (LaTeX or `a/b`) before a plain number, so that `-1/2` is one match, not `2`
 _LAST_NUMBER_RE = re.compile(
-    rf"[-+]?\\[dt]?frac\{{[^{{}}]+\}}\{{[^{{}}]+\}}|(?:{_NUMBER})(?:\s*/\s*(?:{_NUMBER}))?"
+    rf"[-+]?\\[dt]?frac\s*(?:\{{[^{{}}]+\}}|\d)\s*(?:\{{[^{{}}]+\}}|\d)"
+    rf"|(?:{_NUMBER})(?:\s*/\s*(?:{_NUMBER}))?"
 )
+_DEGREES = re.compile(r"\s*\^\s*\{?\\circ\}?\s*$")
+_TRAILING_UNIT = re.compile(r"(.*?\S)\s*\\(?:text|mbox|mathrm)\{[^{}]*\}")
+_SPACED_MINUS = re.compile(r"^-\s+(?=\d|\.|\\)")
 _MAX_DIGITS = 4000  # longer numbers are not parsed (Python's int limit is 4300 digits)
 _MAX_EXPONENT = 10_000  # nor exponents beyond ±10000 (1e10000000 would take seconds)
 _WRAPPERS = re.compile(r"^\\text\{(.*)\}$|^\\mathrm\{(.*)\}$|^\\textbf\{(.*)\}$")
@@ -73,19 +78,29 @@ def _closing_braces(text: str) -> dict[int, int]:
 
 
 def extract_hash_answer(text: str) -> str | None:
-    """GSM8K's final answer: the rest of the line after the last `####`, stripped.
+    """GSM8K's final answer: the rest of the line after the last `####`, stripped; when that
+    is not a number, its first number (`#### Answer: 18` → `18`), or, with more text after the
+    line, None (a Markdown heading: `"auto"` extraction goes on to the other forms).
 
     Examples:
       >>> extract_hash_answer("48 / 2 = 24 clips.\\n#### 72")
       '72'
       >>> extract_hash_answer("no marker") is None, extract_hash_answer("####  ") is None
       (True, True)
+      >>> extract_hash_answer("#### 18 apples"), extract_hash_answer("#### Final\\nIt is 18") is None
+      ('18', True)
     """
     at = text.rfind("####")
     if at == -1:
         return None
-    answer = text[at + 4 :].split("\n", 1)[0].strip()
-    return answer or None
+    line, _, rest = text[at + 4 :].partition("\n")
+    answer = line.strip()
+    if not answer or parse_number(answer) is not None:
+        return answer or None
+    if rest.strip():  # a Markdown heading (`#### Step 2`) with text after it: not an answer
+        return None
+    number = _LAST_NUMBER_RE.search(answer)  # `#### Answer: 18`, `#### 18 apples`
+    return number[0] if number else answer
 
 
 def extract_tag(text: str, tag: str = "answer") -> str | None:
@@ -175,6 +190,12 @@ def parse_number(text: str) -> Fraction | None:
     """
     s = _unwrapped(text)  # nested wrappers such as \text{\textbf{5}} too
     s = s.replace("\\$", "").replace("$", "").replace("\\!", "").replace("\\,", "").strip()
+    s = s.replace("{,}", ",")  # LaTeX's thousands separator 1{,}000
+    s = _DEGREES.sub("", s)  # 30^\circ, 30^{\circ}
+    unit = _TRAILING_UNIT.fullmatch(s)  # 5\text{ cm}: the number before a unit
+    if unit and unit[1]:
+        s = unit[1]
+    s = _SPACED_MINUS.sub("-", s)  # - 3
     s = s.removesuffix(".").removesuffix("\\%").removesuffix("%").strip()
     s = s.replace("\u2212", "-")  # a Unicode minus
     if s.startswith("+"):
@@ -182,9 +203,10 @@ def parse_number(text: str) -> Fraction | None:
     if s[:1] == "-" and _FRAC_RE.match(s[1:]):  # -\frac{a}{b}
         inner = parse_number(s[1:])
         return None if inner is None else -inner
-    frac = _FRAC_RE.match(s) or _SLASH_RE.match(s)
-    if frac:
-        num, den = parse_number(frac.group(1)), parse_number(frac.group(2))
+    latex, slash = _FRAC_RE.match(s), _SLASH_RE.match(s)
+    if latex or slash:
+        parts = [g for g in latex.groups() if g is not None] if latex else [slash[1], slash[2]]
+        num, den = parse_number(parts[0]), parse_number(parts[1])
         if num is None or den is None or den == 0:
             return None
         return num / den
@@ -221,7 +243,8 @@ def answers_match(
 
     With `numeric=True` and both sides parsing as numbers (`parse_number`), they are compared
     exactly as rationals (`0.5` = `1/2` = `\\frac{1}{2}`); otherwise the normalised texts
-    (`normalize_text`; with `numeric=True` also without `\\text{}`-style wrappers) must be
+    (`normalize_text`; with `numeric=True` also without `\\text{}`-style wrappers, `\\left` /
+    `\\right` and spaces after commas, and with `\\sqrt2` read as `\\sqrt{2}`) must be
     equal. A missing prediction (None) never matches.
 
     Examples:
@@ -238,10 +261,20 @@ def answers_match(
         a, b = parse_number(predicted), parse_number(reference)
         if a is not None and b is not None:
             return a == b
-        predicted, reference = _unwrapped(predicted), _unwrapped(reference)
+        predicted, reference = _math_text(predicted), _math_text(reference)
     return normalize_text(predicted, ignore_case=ignore_case) == normalize_text(
         reference, ignore_case=ignore_case
     )
+
+
+def _math_text(text: str) -> str:
+    """A math answer's text in one spelling: without `\\text{}`-style wrappers, `\\left` /
+    `\\right`, spaces after commas and inside brackets (`\\left( 3, 4 \\right)` = `(3,4)`),
+    `\\sqrt2` as `\\sqrt{2}`."""
+    s = _unwrapped(text).replace("\\left", "").replace("\\right", "")
+    s = re.sub(r"\\sqrt\s*(\w)", r"\\sqrt{\1}", s)
+    s = re.sub(r"([(\[{])\s+", r"\1", re.sub(r"\s+([)\]}])", r"\1", s))  # ( 3,4 ) = (3,4)
+    return re.sub(r",\s+", ",", s)
 
 
 def _unwrapped(text: str) -> str:

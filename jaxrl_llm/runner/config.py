@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 from typing import Any, Literal
 
 from jaxrl_llm.checkpoint import CheckpointConfig
@@ -53,6 +54,8 @@ from jaxrl_llm.train import (
 )
 from jaxrl_llm.train.algorithms import GROUPED_ESTIMATORS, keeps_row_subset
 from sharding import MeshConfig
+
+log = logging.getLogger(__name__)
 
 DType = Literal["float32", "bfloat16"]
 BUILTIN_TASKS = ("arithmetic", "sorting")
@@ -883,6 +886,14 @@ def _validate_rewards(cfg: RunConfig) -> None:
             f"sampling.stop_strings {list(cfg.sampling.stop_strings)} would score 0; use "
             "sampling.stop_tokens, or rewards.jax_native: false (the host reward reads the "
             "decoded text)."
+        )
+    if rewards.jax_native and cfg.tokenizer.path != "byte":
+        log.warning(
+            "rewards.jax_native: the in-graph reward compares the answer's tokens as the "
+            "tokenizer %s writes them; with a subword tokenizer a right answer written in other "
+            'tokens ("19" as "1", "9") scores 0 where the host reward scores 1 '
+            "(docs/rewards_and_data.md); rewards.jax_native: false reads the decoded text",
+            "of the model checkpoint" if cfg.tokenizer.path is None else repr(cfg.tokenizer.path),
         )
     alg = cfg.algorithm
     if alg is None:

@@ -170,6 +170,16 @@ def test_parquet_round_trip_and_bad_rows(tmp_path):
     ]
     with pytest.raises(DataError, match="row 1: field 'question' is not valid UTF-8"):
         read_parquet(path, required=["question", "answer"])
+    # a decimal column is its digits as written (every row was refused as "not text")
+    import decimal
+
+    money = pa.table(
+        {"q": ["a"], "answer": pa.array([decimal.Decimal("18.50")], pa.decimal128(5, 2))}
+    )
+    pq.write_table(money, tmp_path / "m.parquet")
+    assert read_parquet(tmp_path / "m.parquet", required=["q", "answer"])[0] == [
+        {"q": "a", "answer": "18.50"}
+    ]
     with pytest.raises(DataError, match=r"missing column\(s\) \['solution'\]"):
         read_parquet(path, required=["solution"])
     cfg = DataConfig(

@@ -91,6 +91,9 @@ def test_unknown_options_are_rejected_with_a_suggestion():
         ("tag_format", {"tags": "answer"}, "got the string 'answer' (write [answer])"),
         ("math_answer", {"extract": "box"}, "math_answer: `extract` must be one of"),
         ("exact_match", {"extract": "x"}, "exact_match: `extract` must be one of"),
+        # YAML's "false" in quotes is a string, which is true
+        ("exact_match", {"ignore_case": "false"}, "`ignore_case` must be true or false"),
+        ("math_answer", {"answer_field": 5}, "`answer_field` must be a non-empty field name"),
     ],
 )
 def test_bad_option_values_of_builtins_fail_when_resolved(fn, kwargs, message):

@@ -87,7 +87,7 @@ def test_extract_answer_priority_and_methods():
     assert extract_answer("x = 3, so y = 9") == "9"  # then the last number
     assert extract_answer("nothing") is None
     assert extract_answer(text, "tag") == "3"
-    assert extract_answer(text, "hash") == "5 and 6"
+    assert extract_answer(text, "hash") == "5"  # the line is not a number: its first number
     assert extract_answer(text, "last_number") == "6"
     assert extract_answer("  x  ", "full") == "x"
     with pytest.raises(ValueError, match="`method` must be one of"):
@@ -262,3 +262,36 @@ def test_overlong_uses_the_losses_formula_on_token_counts():
     assert got == pytest.approx(expected, abs=1e-6)
     with pytest.raises(ValueError, match="'completion_lengths' is missing"):
         overlong(["q"], ["c"], max_length=10, buffer_length=5)
+
+
+@pytest.mark.parametrize(
+    ("completion", "reference"),
+    [
+        (r"\boxed{\frac12}", "1/2"),  # one-digit \frac arguments
+        (r"\boxed{\tfrac12}", "1/2"),
+        (r"so \frac {1}{2}", "0.5"),  # a space after \frac
+        (r"\boxed{1.5}", r"\frac32"),
+        (r"\boxed{1{,}000}", "1000"),  # LaTeX's thousands separator
+        (r"\boxed{5\text{ cm}}", "5"),  # a unit after the number
+        (r"\boxed{30^{\circ}}", "30"),  # degrees
+        (r"\boxed{3^\circ}", "3"),
+        (r"\boxed{- 3}", "-3"),
+        (r"\boxed{\left( 3, 4 \right)}", "(3, 4)"),  # sized brackets, spaces
+        (r"\boxed{(3,4)}", "(3, 4)"),
+        (r"\boxed{\sqrt{2}}", r"\sqrt2"),
+        ("#### 18 apples", "18"),  # GSM8K's marker with words after the number
+        ("## Solution\n12 + 6 = 18\n#### Answer: 18", "18"),
+        ("#### Step 1\n12 + 6 = 18\n#### Final Answer\nThe answer is 18.", "18"),  # headings
+    ],
+)
+def test_common_spellings_of_a_right_answer_match(completion, reference):
+    """MATH- and GSM8K-style spellings a model writes for the reference (all scored 0 before)."""
+    assert math_answer(["q"], [completion], answer=[reference]) == [1.0]
+
+
+@pytest.mark.parametrize(
+    ("completion", "reference"),
+    [(r"\boxed{5\text{ cm}}", "6"), ("#### 17 apples", "18"), (r"\boxed{(3,5)}", "(3, 4)")],
+)
+def test_those_spellings_of_a_wrong_answer_do_not(completion, reference):
+    assert math_answer(["q"], [completion], answer=[reference]) == [0.0]

@@ -385,3 +385,12 @@ def test_processes_score_their_groups_and_agree_with_one_process(monkeypatch, nu
             assert "'none_on_seven' returned None on row 0 of 2" in str(err)
         else:
             assert f"scoring the rewards failed on process {last} of the job" in str(err)
+
+
+def test_the_in_graph_reward_with_a_subword_tokenizer_is_warned_about(caplog):
+    """It compares token ids: a right answer in other tokens scores 0 there, 1 on the host."""
+    native = ["rewards.jax_native=true", "rewards.functions=[{fn: exact_answer}]"]
+    _config(*native)
+    assert "rewards.jax_native" not in caplog.text  # the byte tokenizer has one spelling
+    _config(*native, "tokenizer.path=/some/tokenizer")
+    assert "with a subword tokenizer a right answer written in other tokens" in caplog.text

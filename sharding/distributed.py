@@ -274,7 +274,8 @@ def log_main(message: str, *args: Any, level: int = logging.INFO, logger: Any = 
 
 
 def fetch_global(tree: Any) -> Any:
-    """Every array leaf of `tree` as a NumPy array holding its whole value, on every process.
+    """Every array leaf of `tree` as a NumPy array holding its whole value, on every process
+    (a typed PRNG key stays a JAX key array: NumPy has no key type).
 
     On one process this is `jax.device_get`. In a multi-process job an array that spans other
     processes' devices (a batch-sharded rollout, FSDP-sharded parameters) cannot be read by

@@ -9,6 +9,7 @@ silent replication; `axis_types="auto"` is the documented fallback).
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -36,6 +37,9 @@ class MeshConfig:
     def __post_init__(self) -> None:
         sizes = {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor}
         for name, size in sizes.items():
+            if isinstance(size, numbers.Integral) and not isinstance(size, bool | int):
+                size = int(size)  # a NumPy integer read from an array is its Python int
+                object.__setattr__(self, name, size)
             if not isinstance(size, int) or isinstance(size, bool) or (size < 1 and size != -1):
                 raise ValueError(
                     f"MeshConfig: `{name}` must be a positive int or -1, got {size!r}."
@@ -75,6 +79,8 @@ def make_mesh(config: MeshConfig, devices: Sequence[jax.Device] | None = None) -
       (('data', 'fsdp', 'tensor'), (1, 1, 1))
     """
     devices = list(jax.devices() if devices is None else devices)
+    if not devices:
+        raise ValueError("make_mesh: `devices` is empty; a mesh needs at least one device.")
     shape = config.resolve(len(devices))
     axis_type = AxisType.Explicit if config.axis_types == "explicit" else AxisType.Auto
     return jax.make_mesh(shape, MESH_AXES, axis_types=(axis_type,) * 3, devices=devices)

@@ -8,9 +8,10 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 
-from sharding import MeshConfig
+from sharding import MeshConfig, make_mesh
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -31,6 +32,10 @@ def test_resolve(config, devices, expected):
 def test_bad_configs_name_the_problem():
     with pytest.raises(ValueError, match="`fsdp` must be a positive int or -1"):
         MeshConfig(fsdp=0)
+    # a NumPy integer is its Python int (it was refused); an empty device list is named
+    assert MeshConfig(data=np.int64(-1), fsdp=np.int32(2)) == MeshConfig(data=-1, fsdp=2)
+    with pytest.raises(ValueError, match="`devices` is empty"):
+        make_mesh(MeshConfig(), devices=[])
     with pytest.raises(ValueError, match="at most one axis may be -1"):
         MeshConfig(data=-1, fsdp=-1)
     with pytest.raises(ValueError, match="do not divide"):

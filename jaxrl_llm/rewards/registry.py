@@ -178,6 +178,14 @@ def check_reward_call(function: RewardFunction, fields: Sequence[str]) -> None:
             f"reward function {function.name!r} must take (prompts, completions, **fields): it "
             f"takes {signature}" + ("." if "positional" in str(err) else f"; {err}.")
         ) from None
+    options = getattr(function.fn, "keywords", None) or {}  # a built-in's bound options
+    for option in ("answer_field", "lengths_field"):
+        field = options.get(option)
+        if isinstance(field, str) and field not in fields:  # every row would fail
+            raise ValueError(
+                f"reward function {function.name!r}: `{option}` = {field!r} is not a field of "
+                f"the data (its fields: {', '.join(fields)})."
+            )
 
 
 def resolve_reward_function(config: RewardFunctionConfig) -> RewardFunction:

@@ -164,3 +164,8 @@ def test_a_reward_is_checked_against_the_call_the_run_makes():
         check_reward_call(RewardFunction("named", named, 1.0), ["answer", "id"])
     bound = resolve_reward_function(RewardFunctionConfig(fn="math_answer"))
     check_reward_call(bound, ["answer", "completion_lengths"])  # built-ins take **fields
+    # a misspelt answer field failed every row at scoring time, not before the model is built
+    misspelt = RewardFunctionConfig(fn="math_answer", kwargs={"answer_field": "solution"})
+    with pytest.raises(ValueError, match="`answer_field` = 'solution' is not a field of the data"):
+        check_reward_call(resolve_reward_function(misspelt), ["answer", "completion_lengths"])
+    check_reward_call(resolve_reward_function(misspelt), ["solution", "completion_lengths"])

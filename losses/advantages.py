@@ -38,7 +38,7 @@ from losses._checks import (
     check_positive,
     check_rank,
     check_real,
-    concrete,
+    check_valid_range,
 )
 from losses.masked import masked_whiten
 
@@ -625,9 +625,7 @@ def opo_advantages(
             f"got {jnp.shape(lengths)}."
         )
     # the lengths of valid samples only: an invalid slot may hold anything (e.g. −1 padding)
-    known, known_v = concrete(lengths), concrete(v)
-    if known is not None and known_v is not None:
-        check_concrete_range(known[known_v > 0], "lengths", where=where, low=0)
+    check_valid_range(lengths, v, "lengths", where=where, low=0)
     ops = _axis_ops()
     L = jnp.where(v > 0, jax.lax.stop_gradient(as_float32(lengths)), 0.0)
     baseline = ops.sum(L * s) / _safe(ops.sum(L))

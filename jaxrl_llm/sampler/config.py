@@ -265,7 +265,7 @@ _INT_FIELDS = (
 
 
 def _python_numbers(config: SamplingConfig) -> None:
-    """NumPy / JAX scalars of the numeric fields as Python `int` / `float` (the config is a
+    """NumPy scalars of the numeric fields as Python `int` / `float` (the config is a
     static argument: hashed and compared by value)."""
 
     def integer(value: object) -> bool:

@@ -24,8 +24,8 @@ from jax import Array
 from jaxtyping import ArrayLike
 
 from losses._checks import as_float32, as_mask, check_finite, check_floating, check_rank, check_real
+from losses._position import order_statistics
 from losses.advantages import Scale, Singleton, _grouped_inputs, group_advantages
-from losses.entropy_mask import masked_quantile
 
 
 def _check_coefficient(
@@ -406,9 +406,10 @@ def risk_weights(
     shape = jnp.shape(rewards)
     v = jnp.ones(shape, bool) if valid is None else as_mask(valid, shape, "valid", where=where) > 0
     s = jax.lax.stop_gradient(jnp.where(v, as_float32(rewards), 0.0))
-    per_group_quantile = jax.vmap(masked_quantile, in_axes=(0, 0, None))
     total = jnp.zeros(shape, jnp.float32)
     for alpha, weight in zip(levels, mix, strict=True):
-        var = per_group_quantile(s, v, alpha)[:, None]
-        total = total + (weight / alpha) * (s <= var).astype(jnp.float32)
+        # s ≤ VaR_α, the quantile's interpolation left out: no value lies between the two
+        # order statistics around it, so this is s ≤ the lower one (`order_statistics`)
+        lower = jax.vmap(lambda x, m, q=alpha: order_statistics(x, m, q, where=where)[0])(s, v)
+        total = total + (weight / alpha) * (s <= lower[:, None]).astype(jnp.float32)
     return jax.lax.stop_gradient(jnp.where(v, total, 0.0))

@@ -17,16 +17,18 @@ from losses._checks import (
     check_floating,
     check_positive,
     check_rank,
-    replicated,
 )
+from losses._position import order_statistics
 
 
 def masked_quantile(x: Array, valid: Array, q: Any) -> Array:
     """Linear-interpolation quantile (NumPy/PyTorch default) of `x[valid]` with static shapes.
 
     Invalid entries are sorted to the end as `+inf`; the quantile sits at the (traced) position
-    `(n − 1)·q` among the `n` valid values, computed in float32 (positions within float32 rounding
-    of an integer are taken as that integer). Returns `+inf` when nothing is valid. An array
+    `(n − 1)·q` among the `n` valid values, computed exactly from the integer `n − 1` and the bits
+    of `q` (`losses/_position.py`: a float32 product near 10⁶ would be off by up to 1/16); a
+    position within rounding of an integer is that integer (for a traced float32 `q`, within
+    its own rounding: `(n − 1)·q·2⁻²³`). Returns `+inf` when nothing is valid. An array
     sharded with explicit axes is gathered (replicated) before the sort, so the quantile is global.
 
     Args:
@@ -43,25 +45,7 @@ def masked_quantile(x: Array, valid: Array, q: Any) -> Array:
       >>> float(masked_quantile(x, x < 5.0, 0.8))
       2.0
     """
-    if jnp.shape(valid) != jnp.shape(x):  # jnp.where would broadcast them into a wrong sample
-        raise ValueError(
-            f"masked_quantile: `valid` must have the shape of `x` {jnp.shape(x)}, got "
-            f"{jnp.shape(valid)}."
-        )
-    flat = replicated(jnp.where(valid, x, jnp.inf).reshape(-1))
-    ordered = jnp.sort(flat)
-    n = jnp.sum(valid.astype(jnp.int32))
-    pos = jnp.maximum((n - 1).astype(jnp.float32) * jnp.asarray(q, jnp.float32), 0.0)
-    # A position that is an integer in exact arithmetic (e.g. (n − 1)·0.8 with n − 1 = 5k) must not
-    # land just above it through float32 rounding, or the value at that position would be dropped.
-    nearest = jnp.round(pos)
-    pos = jnp.where(jnp.abs(pos - nearest) <= 2.5e-7 * jnp.maximum(pos, 1.0), nearest, pos)
-    lo = jnp.floor(pos)
-    frac = pos - lo
-    lo_i = lo.astype(jnp.int32)
-    hi_i = jnp.minimum(lo_i + 1, jnp.maximum(n - 1, 0))
-    a = ordered[lo_i]
-    b = ordered[hi_i]
+    a, b, frac, n = order_statistics(x, valid, q, where="masked_quantile")
     value = a + frac * (b - a)
     # frac = 0 (an exact position) must give exactly `a`, even when b is the +inf padding
     value = jnp.where(frac > 0, value, a)
@@ -135,5 +119,6 @@ def high_entropy_mask(
             if isinstance(top_quantile, int | float)
             else 1.0 - jnp.asarray(top_quantile, jnp.float32)
         )
-        q = masked_quantile(h, valid, level)
+        a, b, frac, _ = order_statistics(h, valid, level, where=where)
+        q = jnp.where(frac > 0, b, a)  # h ≥ quantile, without its float32 interpolation
     return valid & (h >= q)

@@ -25,6 +25,7 @@ from losses._checks import (
     check_same_shape,
     replicated,
 )
+from losses._position import snapped_position
 from losses.entropy_mask import high_entropy_mask
 
 
@@ -157,12 +158,6 @@ def conflict_token_mask(tokens: ArrayLike, mask: ArrayLike, advantages: ArrayLik
     return conflict & valid
 
 
-def _snap_to_integer(x: Array) -> Array:
-    """`x` rounded to the nearest integer when within float32 rounding of it (as masked_quantile)."""
-    nearest = jnp.round(x)
-    return jnp.where(jnp.abs(x - nearest) <= 2.5e-7 * jnp.maximum(x, 1.0), nearest, x)
-
-
 def token_rejection_mask(score: ArrayLike, mask: ArrayLike, *, max_reject: Any = 0.08) -> Array:
     """Reject at most a fraction `max_reject` of the valid tokens: those with the largest score.
 
@@ -173,9 +168,9 @@ def token_rejection_mask(score: ArrayLike, mask: ArrayLike, *, max_reject: Any =
 
     so exactly the `r` highest-scoring tokens are rejected when the scores are distinct, and fewer
     when scores tie at `q` (tied tokens are kept): the rejected fraction never exceeds
-    `max_reject`. `max_reject = 0` keeps every valid token and `max_reject = 1` none. A product
-    `max_reject·n` within float32 rounding of an integer counts as that integer (so `1/3` of 3
-    tokens is 1). NaN scores on valid tokens rank as the largest and are always rejected (NaN ≤ q
+    `max_reject`. `max_reject = 0` keeps every valid token and `max_reject = 1` none. The product
+    `max_reject·n` is computed exactly from the integer `n` (`losses/_position.py`), and one
+    within rounding of an integer counts as that integer (so `1/3` of 3 tokens is 1). NaN scores on valid tokens rank as the largest and are always rejected (NaN ≤ q
     is false), even beyond `r`; the other tokens are kept as if the NaN scores were +inf. Scores
     outside the mask are ignored.
 
@@ -209,11 +204,9 @@ def token_rejection_mask(score: ArrayLike, mask: ArrayLike, *, max_reject: Any =
     valid = m > 0
     s = jax.lax.stop_gradient(jnp.where(valid, as_float32(score), 0.0))
     n = jnp.sum(valid.astype(jnp.int32))
-    rejected = jnp.floor(
-        _snap_to_integer(n.astype(jnp.float32) * jnp.asarray(max_reject, jnp.float32))
-    )
+    rejected, _ = snapped_position(n, max_reject)  # floor(n·max_reject), exact
     # NaN scores sort as +inf (as the largest: rejected first), so q is never NaN
     ordered = jnp.sort(replicated(jnp.where(valid & ~jnp.isnan(s), s, jnp.inf).reshape(-1)))
-    kept = n - rejected.astype(jnp.int32)
+    kept = n - rejected
     index = jnp.clip(kept - 1, 0, ordered.shape[0] - 1)
     return valid & (s <= ordered[index]) & (kept > 0)

@@ -357,3 +357,16 @@ def test_bfloat16_inputs_and_traced_coefficients_give_float32():
     out = _sign(Ab, pos_weight=jnp.float32(0.3), neg_weight=jnp.float32(2.0))
     assert out.dtype == jnp.float32
     assert_close(out, np.where(A32 > 0, 0.3 * A32, 2.0 * A32))
+
+
+def test_risk_weights_compare_with_the_quantile_not_its_float32_rounding():
+    """VaR_α between two neighbouring float32 rewards, 0.89 of the way up: in float32 the
+    interpolated quantile rounds to the upper one, but only the rewards up to the lower one are
+    ≤ VaR_α (NumPy's float64 quantile)."""
+    x = np.float32(0.3)
+    r = np.array([[0.0, x, np.nextafter(x, np.float32(1)), 1.0]], np.float32)
+    alphas, weights = (0.63,), (1.0,)  # position 3 · 0.63 = 1.89
+    got = np.asarray(_risk(r, alphas=alphas, weights=weights))
+    want = np_risk_weights(r, np.ones(r.shape, bool), alphas, weights)
+    assert_close(got, want)
+    assert (got[0] > 0).tolist() == [True, True, False, False]

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from losses._position import scaled_position, snapped_position
 from losses.entropy_mask import high_entropy_mask, masked_quantile
 from tests.losses.helpers import make_mask, plant_nonfinite
 
@@ -143,3 +146,51 @@ def test_boolean_mask_is_accepted_as_token_weights():
     as_bool, _ = ppo_clip_loss(lp, None, adv, m, token_weights=keep)
     as_float, _ = ppo_clip_loss(lp, None, adv, m, token_weights=np.asarray(keep, np.float32))
     assert float(as_bool) == float(as_float)
+
+
+def test_the_position_m_times_q_is_exact_for_every_int32_count():
+    """`scaled_position` against exact rational arithmetic (a float32 product near 10⁶ is off by
+    up to 1/16); static levels are float64, traced ones float32."""
+    rng = np.random.default_rng(11)
+    counts = [0, 1, 5000, 999_999, 1_000_004, 2**24 + 1, 2**31 - 1]
+    counts += rng.integers(0, 2**31 - 1, size=40).tolist()
+    levels = [0.0, 0.05, 0.2, 0.3, 1 / 3, 0.7, 0.8, 0.95, 1.0, *rng.random(8).tolist()]
+    traced = jax.jit(scaled_position)
+    for m in counts:
+        for q in levels:
+            for exact, (whole, frac) in (
+                (Fraction(q), scaled_position(jnp.int32(m), q)),
+                (Fraction(float(np.float32(q))), traced(jnp.int32(m), jnp.float32(q))),
+            ):
+                got = int(whole) + Fraction(float(frac))
+                assert 0.0 <= float(frac) < 1.0
+                assert abs(got - m * exact) < Fraction(1, 10**6) + m * Fraction(1, 2**46), (m, q)
+
+
+def test_positions_at_an_integer_are_that_integer():
+    for m, q, whole in [
+        (5000, 0.8, 4000),
+        (3, 1 / 3, 1),
+        (10, 0.3, 3),
+        (2**31 - 1, 1.0, 2**31 - 1),
+    ]:
+        for level in (q, jnp.float32(q)):
+            got = snapped_position(jnp.int32(m), level)
+            assert (int(got[0]), float(got[1])) == (whole, 0.0), (m, q)
+    # 1_000_004 · 0.8 = 800003.2: float32 gives 800003.1875, which a tolerance relative to the
+    # position (2.5e-7 · 8e5 = 0.2) took for the integer 800003
+    whole, frac = snapped_position(jnp.int32(1_000_004), 0.8)
+    assert int(whole) == 800_003 and float(frac) == pytest.approx(0.2, abs=1e-6)
+
+
+@pytest.mark.parametrize(("n", "rho"), [(1_000_005, 0.2), (1_000_004, 0.3)])
+def test_a_million_tokens_keep_what_numpy_keeps(n, rho):
+    """The fractional position 800003.2 (700002.1) and quantiles between neighbouring float32
+    values: the mask is NumPy's `H ≥ np.quantile(H, 1 − ρ)` in float64."""
+    H = np.random.default_rng(1).random((1, n)).astype(np.float32)
+    want = np.quantile(H[0].astype(np.float64), 1.0 - rho) <= H
+    got = np.asarray(_mask_static(H, np.ones((1, n), np.float32), top_quantile=rho))
+    assert got.sum() == want.sum()
+    np.testing.assert_array_equal(got, want)
+    value = float(_quantile(H[0], np.ones(n, bool), 1.0 - rho))
+    assert value == pytest.approx(np.quantile(H[0].astype(np.float64), 1.0 - rho), rel=1e-7)

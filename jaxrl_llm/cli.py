@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import pathlib
 import shlex
 import sys
 from typing import Any
@@ -117,8 +118,10 @@ def _add_demo_parser(sub: Any) -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    import signal
+
     from jaxrl_llm.data.records import DataError
-    from jaxrl_llm.demo import check_stage_dirs, demo_configs, run_demo
+    from jaxrl_llm.demo import DemoInterruptedError, check_stage_dirs, demo_configs, run_demo
     from jaxrl_llm.rewards import RewardFunctionError
     from jaxrl_llm.runner import TrainingDivergedError
 
@@ -126,8 +129,12 @@ def _demo(args: argparse.Namespace) -> int:
     try:  # every user error before anything runs
         demo_configs(args.run_dir, sft_overrides=args.sft, rl_overrides=args.rl)
         check_stage_dirs(args.run_dir)
+        pathlib.Path(args.run_dir).mkdir(parents=True, exist_ok=True)
     except ValueError as err:
         return _user_error("demo", err)
+    except OSError as err:
+        message = f"--run-dir: {args.run_dir} cannot be created ({err})."
+        return _user_error("demo", OSError(message))
     try:
         run_demo(args.run_dir, sft_overrides=args.sft, rl_overrides=args.rl, fresh=args.fresh)
     except (ConfigError, DataError) as err:  # found when a stage starts (e.g. a bad path)
@@ -135,6 +142,12 @@ def _demo(args: argparse.Namespace) -> int:
     except (TrainingDivergedError, RewardFunctionError) as err:
         print(f"jaxrl-llm demo: {err}", file=sys.stderr)
         return 1
+    except DemoInterruptedError as err:  # the stage's step finished and was saved; the demo stops
+        print(f"jaxrl-llm demo: {err}", file=sys.stderr)
+        return 128 + int(signal.Signals[err.signal_name])
+    except KeyboardInterrupt:  # a second Ctrl-C, or one before a stage's first step
+        print("jaxrl-llm demo: interrupted (SIGINT)", file=sys.stderr)
+        return 128 + signal.SIGINT
     return 0
 
 

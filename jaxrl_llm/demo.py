@@ -184,6 +184,28 @@ def check_stage_dirs(run_dir: str | pathlib.Path = DEFAULT_RUN_DIR) -> None:
         _read_stage(pathlib.Path(run_dir) / name)
 
 
+class DemoInterruptedError(Exception):
+    """A stage's training stopped on SIGINT / SIGTERM (`signal_name`): the stage stays
+    incomplete (the next demo trains it again) and the demo stops there."""
+
+    def __init__(self, stage: str, signal_name: str) -> None:
+        super().__init__(
+            f"interrupted ({signal_name}) during the {stage.upper()} stage; the stage is left "
+            "incomplete and the next `jaxrl-llm demo` trains it again"
+        )
+        self.stage = stage
+        self.signal_name = signal_name
+
+
+def _train_stage(config: RunConfig, stage: str, record: Mapping[str, Any]) -> dict[str, Any]:
+    """`train(config)`, then the stage marked complete, unless a signal stopped it."""
+    summary = train(config)
+    if summary.get("interrupted"):
+        raise DemoInterruptedError(stage, summary["interrupted"])
+    _write_stage(pathlib.Path(config.run_dir), {**record, "complete": True})
+    return summary
+
+
 def _write_stage(directory: pathlib.Path, record: Mapping[str, Any]) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     (directory / STAGE_FILE).write_text(json.dumps(dict(record), indent=2, sort_keys=True) + "\n")
@@ -229,9 +251,7 @@ def run_sft_stage(config: RunConfig, *, fresh: bool = False) -> tuple[dict[str, 
     if reusable:
         return json.loads((directory / SUMMARY_FILE).read_text()), True
     _fresh_stage(directory, {"stage": "sft", "cache_key": key})
-    summary = train(config)
-    _write_stage(directory, {"stage": "sft", "cache_key": key, "complete": True})
-    return summary, False
+    return _train_stage(config, "sft", {"stage": "sft", "cache_key": key}), False
 
 
 def run_rl_stage(config: RunConfig) -> dict[str, Any]:
@@ -248,9 +268,7 @@ def run_rl_stage(config: RunConfig) -> dict[str, Any]:
         raise ValueError(f"run_rl_stage: `config` must be an `algorithm:` run, got {config.kind}.")
     directory = pathlib.Path(config.run_dir)
     _fresh_stage(directory, {"stage": "grpo"})
-    summary = train(config)
-    _write_stage(directory, {"stage": "grpo", "complete": True})
-    return summary
+    return _train_stage(config, "grpo", {"stage": "grpo"})
 
 
 def merge_metrics(

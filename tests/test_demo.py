@@ -173,6 +173,51 @@ def test_cli_reports_user_errors_without_a_traceback(tmp_path, capsys, args, mes
     assert not any(tmp_path.iterdir())  # nothing was started
 
 
+def test_a_run_dir_that_cannot_be_created_is_one_line(tmp_path, capsys):
+    (tmp_path / "a_file").write_text("")
+    assert main(["demo", "--run-dir", str(tmp_path / "a_file" / "demo")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("jaxrl-llm demo: --run-dir: ") and "cannot be created" in err, err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("stopped", "signal_name", "status"), [("sft", "SIGINT", 130), ("grpo", "SIGTERM", 143)]
+)
+def test_an_interrupted_stage_stops_the_demo_and_stays_incomplete(
+    tmp_path, capsys, monkeypatch, stopped, signal_name, status
+):
+    """A signal during a stage (its step finished and saved by the runner) ends the demo with
+    128 + the signal: the stage is not marked complete, and stage 2 never starts after stage 1."""
+    import jaxrl_llm.demo as demo
+
+    ran = []
+
+    def train(config):  # the runner's summary of a run stopped by a signal, or of a full run
+        stage = "sft" if config.kind == "sft" else "grpo"
+        ran.append(stage)
+        if stage == stopped:
+            return {"interrupted": signal_name}
+        (tmp_path / "sft" / "export").mkdir(parents=True)
+        (tmp_path / "sft" / "summary.json").write_text("{}")
+        return {"interrupted": None}
+
+    monkeypatch.setattr(demo, "train", train)
+    overrides = [a for s in TINY_SFT for a in ("--sft", s)] + [
+        a for r in TINY_RL for a in ("--rl", r)
+    ]
+    assert main(["demo", "--run-dir", str(tmp_path), *overrides]) == status
+    err = capsys.readouterr().err
+    assert f"interrupted ({signal_name}) during the {stopped.upper()} stage" in err, err
+    assert "Traceback" not in err
+    assert ran == ["sft"] if stopped == "sft" else ["sft", "grpo"]
+    stage = json.loads((tmp_path / stopped / STAGE_FILE).read_text())
+    assert stage["complete"] is False
+    if stopped == "grpo":
+        assert json.loads((tmp_path / "sft" / STAGE_FILE).read_text())["complete"] is True
+    assert not (tmp_path / "summary.json").exists()
+
+
 # A shortened demo: the same model, task, seed and RL recipe; 1000 instead of 2400 SFT steps
 # (the SFT policy must be past its jump from ~0.1 to ~0.4 accuracy, which comes between steps
 # 600 and 1500 depending on the seed; seed 0's comes before step 900: 0.330 -> 0.667 after 1000

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import json
 import pathlib
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
 import jax
 
-from jaxrl_llm.checkpoint import Checkpointer, StateMismatchError
+from jaxrl_llm.checkpoint import Checkpointer, IncompleteCheckpointWarning, StateMismatchError
 from jaxrl_llm.config import ConfigError
 from jaxrl_llm.runner.config import RunConfig, check_devices
 from jaxrl_llm.runner.evaluate import evaluate_state
@@ -124,6 +125,14 @@ def evaluate_run(
             if not steps:
                 raise ConfigError(f"--checkpoint: no complete checkpoint in {directory}.")
             step = steps[-1] if checkpoint == "latest" else checkpoint
+            newer = [s for s in ckpt.unreadable_steps() if s > step]
+            if checkpoint == "latest" and newer:  # as `train --resume` warns
+                warnings.warn(
+                    f"--checkpoint latest: skipping step(s) {newer} in {directory}, which cannot "
+                    f"be read (damaged files); evaluating step {step}.",
+                    IncompleteCheckpointWarning,
+                    stacklevel=2,
+                )
             if step not in steps:
                 raise ConfigError(
                     f"--checkpoint: step {step} has no complete checkpoint in {directory}; "
@@ -150,6 +159,13 @@ def evaluate_run(
     return label, metrics, out
 
 
+def _format_value(value: Any) -> str:
+    """4 decimals, or 4 significant digits for a float that 4 decimals would show as 0."""
+    if not isinstance(value, float):
+        return str(value)
+    return f"{value:.4f}" if value == 0 or abs(value) >= 5e-5 else f"{value:.3e}"
+
+
 def format_eval_table(label: str, metrics: Mapping[str, Any]) -> str:
     """A two-column text table of the eval metrics.
 
@@ -163,6 +179,6 @@ def format_eval_table(label: str, metrics: Mapping[str, Any]) -> str:
     for key, value in metrics.items():
         if key.startswith("time/"):
             continue
-        rows.append((key, f"{value:.4f}" if isinstance(value, float) else str(value)))
+        rows.append((key, _format_value(value)))
     width = max(len(k) for k, _ in rows) + 3
     return "\n".join(f"{k:<{width}}{v}" for k, v in rows)

@@ -34,7 +34,7 @@ from jaxrl_llm.metrics_log import METRICS_FILE, TENSORBOARD_DIR
 from jaxrl_llm.models import LORA_PATTERN
 from jaxrl_llm.rewards import check_reward_call
 from jaxrl_llm.runner.compilation_cache import enable_compilation_cache
-from jaxrl_llm.runner.config import RunConfig, check_devices, config_to_dict
+from jaxrl_llm.runner.config import OBJECTIVE_SECTIONS, RunConfig, check_devices, config_to_dict
 from jaxrl_llm.runner.context import RunContext, iterated_examples
 from jaxrl_llm.runner.health import SkipTracker
 from jaxrl_llm.runner.models import (
@@ -356,6 +356,15 @@ def prepare_run(config: RunConfig, *, resume: bool = False) -> PreparedRun:
         skips = SkipTracker(int(meta["skips_consecutive"]), int(meta["skips_total"]))
         changed = _config_changes(meta.get("config", {}), config_to_dict(config))
         changed = [k for k in changed if k not in ("train.steps", "run_dir")]
+        saved = meta.get("config", {})
+        theirs = next((k for k in OBJECTIVE_SECTIONS if saved.get(k) is not None), None)
+        if theirs is not None and theirs != config.objective_name:  # another kind of run
+            checkpointer.close()
+            raise ConfigError(
+                f"--resume: the checkpoint in {run_dir} is of a run with `{theirs}:`, the config "
+                f"is one with `{config.objective_name}:`; resume with the run's own config, or "
+                "start the new run in another --run-dir."
+            )
         seeds = [k for k in changed if k in ("seed", "data.seed")]
         if seeds:  # the data order and the update's key come from the checkpoint
             checkpointer.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -11,9 +12,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from jaxrl_llm.checkpoint import IncompleteCheckpointWarning
 from jaxrl_llm.cli import main
 from jaxrl_llm.models import from_pretrained
 from jaxrl_llm.runner import load_run_config, pass_at_k, prepare_run
+from jaxrl_llm.runner.eval_run import format_eval_table
 from jaxrl_llm.runner.evaluate import evaluate_sft
 from jaxrl_llm.runner.task import answer_fits, sft_batch
 from jaxrl_llm.sampler import generate
@@ -144,6 +147,37 @@ def test_eval_command_on_a_trained_run(tmp_path, capsys):
     off = [*overrides, "train.eval_prompts=0"]
     assert main(["eval", GRPO, *off, "--run-dir", str(tmp_path)]) == 2
     assert "train.eval_prompts: 0 (evaluation off)" in capsys.readouterr().err
+
+    # a newer step that cannot be read: `latest` evaluates step 2, and says it skipped step 4
+    checkpoints = tmp_path / "checkpoints"
+    shutil.copytree(checkpoints / "2", checkpoints / "4")
+    for damaged in (checkpoints / "4" / "state").iterdir():
+        if damaged.name.startswith(("d", "ocdbt")):
+            shutil.rmtree(damaged) if damaged.is_dir() else damaged.unlink()
+    with pytest.warns(IncompleteCheckpointWarning, match=r"skipping step\(s\) \[4\].*step 2"):
+        assert main(["eval", GRPO, *overrides, "--run-dir", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.splitlines()[0].split() == ["checkpoint", "2"]
+    shutil.rmtree(checkpoints / "4")
+
+    # the wrong config on --resume (an SFT config on this RL run): refused, not run as SFT
+    sft = [*TINY, "train.steps=3"]  # the run's optimizer: the state restores, the kind differs
+    assert (
+        main(["train", str(CONFIGS / "sft.yaml"), *sft, "--run-dir", str(tmp_path), "--resume"])
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert "--resume: the checkpoint in" in err and "`algorithm:`" in err and "`sft:`" in err, err
+
+
+def test_the_eval_table_shows_small_values_and_counts():
+    table = format_eval_table("2", {"eval/pref/margin": 3.62e-06, "eval/accuracy": 0.75, "n": 4})
+    assert table.splitlines() == [
+        "checkpoint         2",
+        "eval/pref/margin   3.620e-06",
+        "eval/accuracy      0.7500",
+        "n                  4",
+    ]
+    assert format_eval_table("x", {"a": 0.0, "b": -0.00012}).endswith(" -0.0001")
 
 
 def test_eval_of_no_checkpoint_is_step_0_after_the_warm_start(tmp_path):

@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import pathlib
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import jax
@@ -53,7 +53,12 @@ ADAPTER_DIR = "adapter"  # the export's LoRA adapters in PEFT's format
 log = logging.getLogger(__name__)
 
 
-def compiled_init(factory: Callable[[], nnx.Module]) -> nnx.Module:
+_INIT_PROGRAMS: dict[Hashable, tuple[Callable[..., nnx.State], list]] = {}  # per process
+
+
+def compiled_init(
+    factory: Callable[..., nnx.Module], *, seed: int | None = None, key: Hashable = None
+) -> nnx.Module:
     """`factory()`, its variables computed by one compiled program instead of op by op.
 
     Built eagerly, a module compiles every initialisation op on first use (about 25 small
@@ -61,21 +66,60 @@ def compiled_init(factory: Callable[[], nnx.Module]) -> nnx.Module:
     program, on a 2-core CPU). The values are the same: the normal draws are bit-identical
     under `jit` (`models.layers._scaled_normal`), zeros and ones are exact.
 
+    With `seed`, `factory(rngs)` receives `nnx.Rngs(seed)` (the same draws as `nnx.Rngs(seed)`
+    built inside it), the seed entering the program as an argument; with a hashable `key` as
+    well, the compiled program is kept for the process under `key`, and a later call with the
+    same `key` (any seed) runs it without tracing or compiling again (a second run of one
+    architecture in a notebook, the suite's many tiny runs). `key` must determine everything
+    `factory` builds apart from the seed.
+
     Examples:
       >>> m = compiled_init(lambda: ValueHead(4, rngs=nnx.Rngs(0)))
       >>> e = ValueHead(4, rngs=nnx.Rngs(0))
       >>> bool(jnp.array_equal(nnx.state(m)["kernel"][...], nnx.state(e)["kernel"][...]))
       True
+      >>> k = compiled_init(lambda rngs: ValueHead(4, rngs=rngs), seed=0, key=("head", 4))
+      >>> bool(jnp.array_equal(nnx.state(k)["kernel"][...], nnx.state(e)["kernel"][...]))
+      True
     """
-    graphdefs = []  # filled while tracing: the graph is static, only the state is computed
+    if seed is None:
+        if key is not None:
+            raise ValueError("compiled_init: `key` caches a program of the seed; pass `seed` too.")
+        graphdefs: list = []  # filled while tracing: the graph is static, only the state computed
 
-    def init() -> nnx.State:
-        graphdef, state = nnx.split(factory())
-        graphdefs.append(graphdef)
-        return state
+        def init() -> nnx.State:
+            graphdef, state = nnx.split(factory())
+            graphdefs.append(graphdef)
+            return state
 
-    state = jax.jit(init)()
+        state = jax.jit(init)()
+        return nnx.merge(graphdefs[-1], state)
+    program = _INIT_PROGRAMS.get(key) if key is not None else None
+    if program is None:
+        graphdefs = []
+
+        def init_from_key(rng_key: jax.Array) -> nnx.State:
+            graphdef, state = nnx.split(factory(nnx.Rngs(rng_key)))
+            graphdefs.append(graphdef)
+            return state
+
+        program = (jax.jit(init_from_key), graphdefs)
+        if key is not None:
+            _INIT_PROGRAMS[key] = program
+    init_fn, graphdefs = program
+    state = init_fn(jax.random.key(seed))
     return nnx.merge(graphdefs[-1], state)
+
+
+def _program_key(cls: type, shape: Any, kwargs: dict[str, Any]) -> Hashable:
+    """`compiled_init`'s cache key for `cls(shape, **kwargs)`, or None (not cached) when a
+    setting is not hashable."""
+    key = (cls, shape, tuple(sorted((k, repr(v)) for k, v in kwargs.items())))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
 
 
 def run_tokenizer(config: RunConfig) -> Any:
@@ -128,7 +172,11 @@ def build_policy(config: RunConfig) -> Decoder | ValueModel:
             raise ConfigError(f"model.checkpoint: {err}") from None
     else:
         cls = ValueModel if scorer else Decoder
-        model = compiled_init(lambda: cls(section.init, **kwargs, rngs=nnx.Rngs(config.seed)))
+        model = compiled_init(
+            lambda rngs: cls(section.init, **kwargs, rngs=rngs),
+            seed=config.seed,
+            key=_program_key(cls, section.init, kwargs),
+        )
     if section.lora is not None:
         model = add_lora(model, section.lora, rngs=nnx.Rngs(config.seed + 2))
     elif section.lora_adapter is not None:
@@ -154,10 +202,11 @@ def build_critic(config: RunConfig, policy: Decoder) -> nnx.Module | None:
     section = config.model
     param_dtype = DTYPES[section.param_dtype]
     if critic.kind == "head":
+        hidden = policy.config.hidden_size
         return compiled_init(
-            lambda: ValueHead(
-                policy.config.hidden_size, param_dtype=param_dtype, rngs=nnx.Rngs(config.seed + 1)
-            )
+            lambda rngs: ValueHead(hidden, param_dtype=param_dtype, rngs=rngs),
+            seed=config.seed + 1,
+            key=_program_key(ValueHead, hidden, {"param_dtype": param_dtype}),
         )
     kwargs = {
         "dtype": DTYPES[section.dtype],
@@ -169,7 +218,9 @@ def build_critic(config: RunConfig, policy: Decoder) -> nnx.Module | None:
     path = section.critic_checkpoint or section.checkpoint
     if path is None:
         model = compiled_init(
-            lambda: ValueModel(section.init, **kwargs, rngs=nnx.Rngs(config.seed + 1))
+            lambda rngs: ValueModel(section.init, **kwargs, rngs=rngs),
+            seed=config.seed + 1,
+            key=_program_key(ValueModel, section.init, kwargs),
         )
     else:
         key = "model.critic_checkpoint" if section.critic_checkpoint else "model.checkpoint"

@@ -55,6 +55,25 @@ def test_compiled_init_equals_the_eager_construction(cls, production_compiles):
         np.asarray(jax.tree.leaves(other)[0]), np.asarray(jax.tree.leaves(eager)[0])
     )
 
+    # the seed as the program's argument, the program kept under a key: the same values, and
+    # another seed runs the kept program (the factory is not traced again)
+    built = []
+
+    def factory(rngs):
+        built.append(rngs)
+        return cls(CFG, rngs=rngs)
+
+    key = ("test_models", cls.__name__, object())  # this test's own program
+    keyed = nnx.state(compiled_init(factory, seed=3, key=key))
+    for a, b in zip(jax.tree.leaves(keyed), jax.tree.leaves(eager), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    again = nnx.state(compiled_init(factory, seed=4, key=key))
+    assert len(built) == 1
+    for a, b in zip(jax.tree.leaves(again), jax.tree.leaves(other), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    with pytest.raises(ValueError, match="pass `seed` too"):
+        compiled_init(lambda: cls(CFG, rngs=nnx.Rngs(0)), key=key)
+
 
 def test_the_export_holds_the_runs_transformers_tokenizer(tmp_path):
     """An exported run is a complete `model.checkpoint` for the next stage: the weights and,

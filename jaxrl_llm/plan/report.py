@@ -129,6 +129,26 @@ def _parse_mesh(text: str) -> tuple[int, int, int]:
     return mesh  # type: ignore[return-value]
 
 
+def positive_int(text: str) -> int:
+    """An argparse `type`: a positive integer, else argparse's one-line error naming the flag.
+
+    Examples:
+      >>> positive_int("8")
+      8
+      >>> positive_int("0")
+      Traceback (most recent call last):
+      ...
+      argparse.ArgumentTypeError: must be a positive integer, got '0'
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     """The `plan` command's arguments (on `parser`, e.g. a `jaxrl-llm` subparser).
 
@@ -143,16 +163,20 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("model", help=f"preset ({', '.join(PRESETS)}) or config.json / checkpoint dir")
     where = p.add_mutually_exclusive_group()
     where.add_argument("--mesh", type=_parse_mesh, help="DATA,FSDP,TENSOR (default 1,1,1)")
-    where.add_argument("--devices", type=int, help="rank every mesh of this many devices")
+    where.add_argument("--devices", type=positive_int, help="rank every mesh of this many devices")
     p.add_argument("--device", default="h100", choices=sorted(DEVICES), help="accelerator")
-    p.add_argument("--prompt-len", type=int, default=PlanConfig.prompt_len)
-    p.add_argument("--completion-len", type=int, default=PlanConfig.completion_len)
-    p.add_argument("--batch", type=int, default=PlanConfig.batch, help="prompts per iteration")
-    p.add_argument("--group-size", type=int, default=PlanConfig.group_size)
-    p.add_argument("--micro-batch", type=int, default=None, help="sequences per fwd/bwd pass")
-    p.add_argument("--epochs", type=int, default=PlanConfig.epochs)
+    p.add_argument("--prompt-len", type=positive_int, default=PlanConfig.prompt_len)
+    p.add_argument("--completion-len", type=positive_int, default=PlanConfig.completion_len)
     p.add_argument(
-        "--minibatches", type=int, default=PlanConfig.minibatches, help="updates per epoch"
+        "--batch", type=positive_int, default=PlanConfig.batch, help="prompts per iteration"
+    )
+    p.add_argument("--group-size", type=positive_int, default=PlanConfig.group_size)
+    p.add_argument(
+        "--micro-batch", type=positive_int, default=None, help="sequences per fwd/bwd pass"
+    )
+    p.add_argument("--epochs", type=positive_int, default=PlanConfig.epochs)
+    p.add_argument(
+        "--minibatches", type=positive_int, default=PlanConfig.minibatches, help="updates per epoch"
     )
     p.add_argument("--param-dtype", default=PlanConfig.param_dtype, choices=sorted(_DTYPE_BYTES))
     p.add_argument(
@@ -172,17 +196,26 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         choices=["forward", "sampler"],
         help="where a reused batch's old log-probs come from (algorithm.old_logprobs)",
     )
-    p.add_argument("--lora-rank", type=int, default=None, help="train LoRA adapters of this rank")
+    p.add_argument(
+        "--lora-rank", type=positive_int, default=None, help="train LoRA adapters of this rank"
+    )
     p.add_argument("--dora", action="store_true", help="the adapters are DoRA's (magnitudes)")
     p.add_argument("--critic", action="store_true", help="PPO's separate critic (a value model)")
     p.add_argument(
-        "--critic-lora-rank", type=int, default=None, help="the critic's LoRA adapters' rank"
+        "--critic-lora-rank",
+        type=positive_int,
+        default=None,
+        help="the critic's LoRA adapters' rank",
     )
-    p.add_argument("--logits-chunk", type=int, default=None, help="tokens of logits at once")
-    p.add_argument("--attention-chunk", type=int, default=None, help="queries per attention block")
+    p.add_argument(
+        "--logits-chunk", type=positive_int, default=None, help="tokens of logits at once"
+    )
+    p.add_argument(
+        "--attention-chunk", type=positive_int, default=None, help="queries per attention block"
+    )
     p.add_argument("--mfu", type=float, default=PlanConfig.mfu)
     p.add_argument("--bandwidth-efficiency", type=float, default=PlanConfig.bandwidth_efficiency)
-    p.add_argument("--top", type=int, default=5, help="meshes listed with --devices")
+    p.add_argument("--top", type=positive_int, default=5, help="meshes listed with --devices")
     p.add_argument("--json", action="store_true", help="print JSON instead of the report")
     return p
 

@@ -335,8 +335,10 @@ def test_micro_batches_that_do_not_split_over_the_devices_are_counted_whole():
 def test_the_plan_command_refuses_a_top_below_one(capsys):
     from jaxrl_llm.cli import main
 
-    assert main(["plan", "qwen3-0.6b", "--devices", "8", "--top", "0"]) == 2
-    assert capsys.readouterr().err == "jaxrl-llm plan: --top: must be >= 1, got 0.\n"
+    with pytest.raises(SystemExit) as exit_info:  # argparse's type check, naming the flag
+        main(["plan", "qwen3-0.6b", "--devices", "8", "--top", "0"])
+    assert exit_info.value.code == 2
+    assert "argument --top: must be a positive integer, got '0'" in capsys.readouterr().err
 
 
 def test_bad_inputs_are_named():

@@ -173,6 +173,26 @@ def test_plan_subcommand_is_wired(capsys):
     assert "peak" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["plan", "qwen3-0.6b", "--devices", "0"],
+        ["plan", "qwen3-0.6b", "--batch", "-1"],
+        ["sample", "ckpt", "--prompt", "x", "--max-new-tokens", "0"],
+        ["sample", "ckpt", "--prompt", "x", "--num-samples", "two"],
+    ],
+)
+def test_counts_on_the_command_line_are_checked_against_their_flag(capsys, args):
+    """A count that must be positive is refused by argparse, naming the flag (the library's
+    check named an internal name: `mesh_candidates: num_devices`, `generate: max_new_tokens`)."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    flag = next(a for a in args if a.startswith("--") and a != "--prompt")
+    assert f"argument {flag}: must be a positive integer, got {args[-1]!r}" in err, err
+
+
 @pytest.mark.parametrize("command", ["train", "eval"])
 def test_a_missing_config_is_the_only_required_argument(capsys, command):
     """The overrides are optional; argparse named them as required too."""

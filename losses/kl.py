@@ -336,6 +336,7 @@ def kl_penalized_rewards(
     after = score_position == "after_last"
     t_star = jnp.minimum(last + 1, T - 1) if after else jnp.maximum(last, 0)
     at_star = positions[None, :] == t_star[:, None]
+    check_positive(beta, "beta", where=where, allow_zero=True)  # NaN too; traced: unchecked
     beta = jax.lax.stop_gradient(jnp.asarray(beta, jnp.float32))
     rewards = -beta * kl + jnp.where(at_star, s[:, None], 0.0)
     return jax.lax.stop_gradient(rewards)
@@ -387,6 +388,7 @@ def kl_penalized_scores(
         log_ratio_clamp=None,
         mask=m,
     )
+    check_positive(beta, "beta", where=where, allow_zero=True)  # NaN too; traced: unchecked
     beta = jax.lax.stop_gradient(jnp.asarray(beta, jnp.float32))
     return jax.lax.stop_gradient(s - beta * jnp.sum(kl, axis=1))
 

@@ -33,6 +33,7 @@ from losses._checks import (
     check_rank,
     check_real,
     check_same_shape,
+    check_valid_range,
 )
 from losses.advantages import group_advantages
 from losses.layout import broadcast_to_tokens
@@ -55,15 +56,17 @@ def _token_input(x: Any, name: str, *, where: str) -> Array:
 
 def _check_unit_interval(value: Any, name: str, *, where: str) -> None:
     """Raise if a concrete scalar (a Python number or a 0-d array) lies outside [0, 1] or is
-    NaN. Traced values are not checked, nor per-token arrays (their padding may hold anything)."""
+    NaN. Traced values are not checked, nor per-token arrays here (`_discount` checks a
+    per-token `gamma` on its valid entries: the padding may hold anything)."""
     if isinstance(value, int | float) and not 0.0 <= value <= 1.0:  # NaN included
         raise ValueError(f"{where}: `{name}` must lie in [0, 1], got {value!r}.")
     if not isinstance(value, bool) and jnp.ndim(value) == 0:
         check_concrete_range(value, name, where=where, low=0.0, high=1.0)
 
 
-def _discount(gamma: Any, like: Array, *, where: str) -> Array:
-    """Validate `gamma` (a scalar or shaped like `like`); return it with `like`'s shape, dtype."""
+def _discount(gamma: Any, like: Array, valid: Array, *, where: str) -> Array:
+    """Validate `gamma` (a scalar or shaped like `like`; a concrete per-token array in [0, 1] on
+    the `valid` entries); return it with `like`'s shape and dtype."""
     if isinstance(gamma, bool):
         raise ValueError(f"{where}: `gamma` must be a number or an array, got {gamma!r}.")
     _check_unit_interval(gamma, "gamma", where=where)
@@ -75,6 +78,8 @@ def _discount(gamma: Any, like: Array, *, where: str) -> Array:
             f"{where}: `gamma` must be a scalar or a per-token array of shape {like.shape}, "
             f"got shape {jnp.shape(gamma)}."
         )
+    if jnp.ndim(gamma) == like.ndim:  # padding may hold anything
+        check_valid_range(gamma, valid, "gamma", where=where, low=0.0, high=1.0)
     # `zeros_like(like) + gamma` keeps the sharding of `like` (the carry of the scan must match).
     return jnp.zeros_like(like) + jnp.asarray(gamma).astype(like.dtype)
 
@@ -150,7 +155,7 @@ def discounted_returns(
     where = "discounted_returns"
     r = _token_input(rewards, "rewards", where=where)
     valid = as_mask(mask, r.shape, where=where) > 0
-    gam = _zero(_discount(gamma, r, where=where), valid)
+    gam = _zero(_discount(gamma, r, valid, where=where), valid)
     out = _masked_discounted_sum(_zero(r, valid), gam, valid, masked_carry=True)
     return jax.lax.stop_gradient(out)
 
@@ -219,7 +224,7 @@ def gae(
         r, v = (x.astype(jnp.result_type(r, v)) for x in (r, v))
     valid = as_mask(mask, r.shape, where=where) > 0
     lam_ = jnp.asarray(lam).astype(r.dtype)
-    gam = _discount(gamma, r, where=where)
+    gam = _discount(gamma, r, valid, where=where)
     r, v = _zero(r, valid), _zero(v, valid)
     if skip_masked:
         gam = _zero(gam, valid)
@@ -295,7 +300,7 @@ def reinforce_pp_advantages(
     _check_whiten_options(whiten_ddof, whiten_eps_mode, where=where)
     r = _token_input(rewards, "rewards", where=where)
     valid = as_mask(mask, r.shape, where=where) > 0
-    gam = _zero(_discount(gamma, r, where=where), valid)
+    gam = _zero(_discount(gamma, r, valid, where=where), valid)
     ret = _masked_discounted_sum(_zero(r, valid), gam, valid, masked_carry=masked_carry)
     adv = masked_whiten(ret, valid, ddof=whiten_ddof, eps=whiten_eps, eps_mode=whiten_eps_mode)
     return jax.lax.stop_gradient(_zero(adv, valid))

@@ -26,6 +26,8 @@ from losses import (
     hybrid_ratio_loss,
     implicit_prm_loss,
     init_running_moments,
+    kl_penalized_rewards,
+    kl_penalized_scores,
     laser_self_rewards,
     mc_step_labels,
     normalize_rewards,
@@ -142,6 +144,18 @@ CASES = {
         ),
         r"`turn` must lie in \[0",
     ),
+    "per-token gamma outside [0, 1] on a valid token": (
+        lambda: gae(R, np.zeros_like(R), ONES, gamma=np.full(R.shape, -1.0), lam=0.9),
+        r"gae: `gamma` must lie in \[0.0, 1.0\], got values from -1",
+    ),
+    "kl-penalised rewards with a negative beta": (
+        lambda: kl_penalized_rewards(jnp.array([1.0]), LP, OLD, MASK, beta=-0.1),
+        r"kl_penalized_rewards: `beta` must be >= 0",
+    ),
+    "kl-penalised scores with a NaN beta": (
+        lambda: kl_penalized_scores(jnp.array([1.0]), LP, OLD, MASK, beta=NAN),
+        r"kl_penalized_scores: `beta` must be >= 0",
+    ),
 }
 
 
@@ -173,3 +187,10 @@ def test_awr_weights_stay_finite_and_a_constant_stream_normalises_by_one():
     np.testing.assert_array_equal(
         normalize_rewards(jnp.array([1.0, 2.0]), state, eps=0.0), [0.0, 1.0]
     )
+
+
+def test_a_per_token_gamma_is_checked_on_valid_tokens_only():
+    gamma = np.array([[0.9, 0.5, 7.0], [1.0, 0.0, -3.0]])  # the padding holds anything
+    mask = np.array([[1, 1, 0], [1, 1, 0]])
+    out = gae(R, np.zeros_like(R), mask, gamma=gamma, lam=1.0)[0]
+    assert np.all(np.isfinite(np.asarray(out)))

@@ -290,7 +290,7 @@ def _convert(args: argparse.Namespace) -> int:
 
 
 def _add_sample_parser(sub: Any) -> None:
-    from jaxrl_llm.plan.report import positive_int
+    from jaxrl_llm.plan.report import float_in, positive_int
 
     sample = sub.add_parser(
         "sample", help="sample completions of prompts from a local Hugging Face checkpoint"
@@ -304,10 +304,10 @@ def _add_sample_parser(sub: Any) -> None:
     )
     sample.add_argument("--chat", action="store_true", help="render prompts with the chat template")
     sample.add_argument("--max-new-tokens", type=positive_int, default=64)
-    sample.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
+    sample.add_argument("--temperature", type=float_in(0.0), default=1.0, help="0 = greedy")
     sample.add_argument("--top-k", type=positive_int, default=None)
-    sample.add_argument("--top-p", type=float, default=None)
-    sample.add_argument("--min-p", type=float, default=None)
+    sample.add_argument("--top-p", type=float_in(0.0, 1.0, open_low=True), default=None)
+    sample.add_argument("--min-p", type=float_in(0.0, 1.0), default=None)
     sample.add_argument(
         "--num-samples", type=positive_int, default=1, help="completions per prompt"
     )

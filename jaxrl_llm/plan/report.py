@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from jaxrl_llm.plan.devices import DEVICES, GiB
@@ -147,6 +149,34 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
     return value
+
+
+def float_in(low: float, high: float = math.inf, *, open_low: bool = False) -> Callable:
+    """An argparse `type`: a float in [low, high] ((low, high] with `open_low`), else
+    argparse's one-line error naming the flag.
+
+    Examples:
+      >>> float_in(0.0, 1.0, open_low=True)("0.9")
+      0.9
+      >>> float_in(0.0)("-1")
+      Traceback (most recent call last):
+      ...
+      argparse.ArgumentTypeError: must be a number >= 0, got '-1'
+    """
+    bounds = f"in ({low:g}, {high:g}]" if open_low else f"in [{low:g}, {high:g}]"
+    if high == math.inf:
+        bounds = f"> {low:g}" if open_low else f">= {low:g}"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not ((low < value if open_low else low <= value) and value <= high):  # NaN fails
+            raise argparse.ArgumentTypeError(f"must be a number {bounds}, got {text!r}")
+        return value
+
+    return parse
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:

@@ -193,6 +193,22 @@ def test_counts_on_the_command_line_are_checked_against_their_flag(capsys, args)
     assert f"argument {flag}: must be a positive integer, got {args[-1]!r}" in err, err
 
 
+@pytest.mark.parametrize(
+    ("flag", "value", "bounds"),
+    [
+        ("--temperature", "-1", ">= 0"),
+        ("--top-p", "0", "in (0, 1]"),
+        ("--min-p", "nan", "in [0, 1]"),
+    ],
+)
+def test_sampling_settings_on_the_command_line_name_their_flag(capsys, flag, value, bounds):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["sample", "ckpt", "--prompt", "x", flag, value])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}: must be a number {bounds}, got {value!r}" in err, err
+
+
 @pytest.mark.parametrize("command", ["train", "eval"])
 def test_a_missing_config_is_the_only_required_argument(capsys, command):
     """The overrides are optional; argparse named them as required too."""

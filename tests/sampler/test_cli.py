@@ -112,8 +112,10 @@ def test_sample_command_reports_bad_input_with_exit_status_2(checkpoint, tmp_pat
         main(["sample", checkpoint, "--tokenizer", "byte", "--prompt", "x", "--dtype", "int8"]) == 2
     )
     assert "--dtype must be one of" in capsys.readouterr().err
-    assert main(["sample", checkpoint, "--tokenizer", "byte", "--prompt", "x", "--top-p", "2"]) == 2
-    assert "`top_p` must be in (0, 1]" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:  # argparse's range check, naming the flag
+        main(["sample", checkpoint, "--tokenizer", "byte", "--prompt", "x", "--top-p", "2"])
+    assert exit_info.value.code == 2
+    assert "argument --top-p: must be a number in (0, 1], got '2'" in capsys.readouterr().err
     # a mistyped checkpoint is named as such, not as a tokenizer directory
     assert main(["sample", str(tmp_path / "nope"), "--prompt", "x"]) == 2
     err = capsys.readouterr().err

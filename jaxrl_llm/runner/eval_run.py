@@ -125,8 +125,11 @@ def evaluate_run(
             if not steps:
                 raise ConfigError(f"--checkpoint: no complete checkpoint in {directory}.")
             step = steps[-1] if checkpoint == "latest" else checkpoint
-            newer = [s for s in ckpt.unreadable_steps() if s > step]
-            if checkpoint == "latest" and newer:  # as `train --resume` warns
+            # only for `latest` (it reads every step's metadata again), as `--resume` warns
+            newer = (
+                [s for s in ckpt.unreadable_steps() if s > step] if checkpoint == "latest" else []
+            )
+            if newer:
                 warnings.warn(
                     f"--checkpoint latest: skipping step(s) {newer} in {directory}, which cannot "
                     f"be read (damaged files); evaluating step {step}.",

@@ -27,14 +27,18 @@ ExtractMethod = Literal["auto", "boxed", "hash", "tag", "last_number", "full"]
 EXTRACT_METHODS: tuple[str, ...] = ("auto", "boxed", "hash", "tag", "last_number", "full")
 
 # thousands groups of exactly three digits (`1,2345` is the numbers 1 and 2345, not `1,234` and 5)
-_NUMBER = r"[-+]?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?|[-+]?\.\d+"
+_UNSIGNED = r"(?:(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?|\.\d+)"
+_NUMBER = rf"[-+]?{_UNSIGNED}"
+# in running text a sign right after a letter, digit, `.` or `)` is a hyphen or a binary
+# operator: `3-4` ends with the number 4, not -4
+_SIGN = r"(?:(?<![\w.)])[-+])?"
 _FRAC_ARG = r"(?:\{([^{}]+)\}|(\d))"  # {any} or one digit: \frac{1}{2}, \frac12, \frac1{2}
 _FRAC_RE = re.compile(rf"^\\[dt]?frac\s*{_FRAC_ARG}\s*{_FRAC_ARG}$")
 _SLASH_RE = re.compile(rf"^({_NUMBER})\s*/\s*({_NUMBER})$")
 # a fraction (LaTeX or `a/b`) before a plain number, so that `-1/2` is one match, not `2`
 _LAST_NUMBER_RE = re.compile(
-    rf"[-+]?\\[dt]?frac\s*(?:\{{[^{{}}]+\}}|\d)\s*(?:\{{[^{{}}]+\}}|\d)"
-    rf"|(?:{_NUMBER})(?:\s*/\s*(?:{_NUMBER}))?"
+    rf"{_SIGN}\\[dt]?frac\s*(?:\{{[^{{}}]+\}}|\d)\s*(?:\{{[^{{}}]+\}}|\d)"
+    rf"|{_SIGN}{_UNSIGNED}(?:\s*/\s*(?:{_NUMBER}))?"
 )
 _DEGREES = re.compile(r"\s*\^\s*\{?\\circ\}?\s*$")
 _TRAILING_UNIT = re.compile(r"(.*?\S)\s*\\(?:text|mbox|mathrm)\{[^{}]*\}")
@@ -126,7 +130,9 @@ def extract_tag(text: str, tag: str = "answer") -> str | None:
 
 def extract_last_number(text: str) -> str | None:
     """The last number written in `text` (sign, thousands commas, decimals, exponent kept); a
-    fraction `a/b` or `\\frac{a}{b}` counts as one number, and a Unicode minus `−` as `-`.
+    fraction `a/b` or `\\frac{a}{b}` counts as one number, and a Unicode minus `−` as `-`. A
+    `-` or `+` right after a digit, letter, `.` or `)` is a hyphen or an operator, not a sign:
+    `pages 3-4` ends with 4.
 
     Examples:
       >>> extract_last_number("it costs $1,234.50, not 7")
@@ -135,6 +141,8 @@ def extract_last_number(text: str) -> str | None:
       ('-2.5', None)
       >>> extract_last_number("half: -1/2"), extract_last_number(r"so \\frac{-1}{2}"), extract_last_number("−4")
       ('-1/2', '\\\\frac{-1}{2}', '-4')
+      >>> extract_last_number("pages 3-4"), extract_last_number("x=-2")
+      ('4', '-2')
     """
     matches = _LAST_NUMBER_RE.findall(text.replace("\u2212", "-"))
     return matches[-1] if matches else None

@@ -72,6 +72,13 @@ def test_extract_tag_and_last_number():
     assert extract_last_number(r"so x = \frac{-1}{2}") == r"\frac{-1}{2}"
     assert extract_last_number("3/4 of 12 is 9") == "9"
     assert extract_last_number("it is \u22123") == "-3"
+    # a sign after a digit, letter, `.` or `)` is a hyphen or an operator, not the number's sign
+    assert extract_last_number("pages 3-4") == "4"
+    assert extract_last_number("x = 5-2") == "2"
+    assert extract_last_number(r"so 3-\frac12") == r"\frac12"
+    assert extract_last_number("(2)-3 or x+4") == "4"
+    assert extract_last_number("x=-2, then (-3)") == "-3"
+    assert extract_last_number("x: -4 and 1e-5") == "1e-5"
     # the tag's leftmost-first matches, and many unclosed tags or boxes (linear scans)
     assert extract_tag("<answer>a<answer>b</answer>") == "a<answer>b"
     assert extract_tag("<answer>" * 20000) is None

@@ -252,10 +252,18 @@ def check_vocabulary(tokenizer: Any, policy: Decoder) -> None:
         )
 
 
-def check_context(prompt_length: int, completion_length: int, policy: Decoder) -> bool:
+def check_context(
+    prompt_length: int,
+    completion_length: int,
+    policy: Decoder,
+    *,
+    names: tuple[str, str] = ("the prompt budget", "sampling.max_new_tokens"),
+) -> bool:
     """Warn when a prompt budget `P` plus the completion budget `T` exceeds the model's context
     (`max_position_embeddings`): the rotary positions run on past it, but a pretrained model
     was not trained there. Returns whether it fits (as `generate` warns, once per run here).
+    `names` are the two budgets' names in the warning (a preference run's are
+    `preference_data.max_prompt_length` and `max_completion_length`).
 
     Examples:
       >>> from types import SimpleNamespace
@@ -267,10 +275,11 @@ def check_context(prompt_length: int, completion_length: int, policy: Decoder) -
     if context is None or prompt_length + completion_length <= context:
         return True
     log.warning(
-        "the prompt budget (%d tokens) plus sampling.max_new_tokens (%d) is over the model's "
-        "context of %d positions (max_position_embeddings): positions past it are outside "
-        "what the model was trained on",
+        "%s (%d tokens) plus %s (%d) is over the model's context of %d positions "
+        "(max_position_embeddings): positions past it are outside what the model was trained on",
+        names[0],
         prompt_length,
+        names[1],
         completion_length,
         context,
     )

@@ -467,7 +467,16 @@ def build_context(
         check_reward_call(function, [*fields, "completion_lengths"])
     policy = build_policy(config)
     check_vocabulary(tokenizer, policy)
-    check_context(task.prompt_length, task.completion_length, policy)
+    if config.kind in ("preference", "reward_model"):  # they sample nothing: their pairs' lengths
+        lengths = config.preference_data
+        check_context(
+            lengths.max_prompt_length,
+            lengths.max_completion_length,
+            policy,
+            names=("preference_data.max_prompt_length", "preference_data.max_completion_length"),
+        )
+    else:
+        check_context(task.prompt_length, task.completion_length, policy)
     critic = build_critic(config, policy)
     graphs, params, frozen = _split(config, policy, critic)
     params = place_global(params, param_shardings(params, mesh))

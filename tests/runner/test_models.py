@@ -122,3 +122,32 @@ def test_a_run_whose_budgets_exceed_the_model_context_warns(tmp_path, caplog):
     assert task.prompt_length + task.completion_length > 6
     assert "over the model's context of 6 positions" in caplog.text, caplog.text
     assert f"({task.completion_length})" in caplog.text
+
+
+def test_a_preference_run_checks_its_pair_lengths_against_the_context(tmp_path, caplog):
+    """A preference run samples nothing: the warning is about `preference_data`'s two budgets,
+    and `sampling.max_new_tokens` does not enter it."""
+    import logging
+
+    from jaxrl_llm.runner import load_run_config, prepare_run
+    from tests.runner.helpers import CONFIGS, PREFERENCE
+
+    def warnings_for(context):
+        overrides = [
+            *PREFERENCE,
+            "model.init.max_position_embeddings=" + str(context),
+            "preference_data.max_prompt_length=24",
+            "preference_data.max_completion_length=8",
+            "sampling.max_new_tokens=100",
+        ]
+        run_dir = tmp_path / str(context)
+        config = load_run_config(str(CONFIGS / "dpo.yaml"), overrides, run_dir=run_dir)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="jaxrl_llm"):
+            prepare_run(config).checkpointer.close()
+        return [r.getMessage() for r in caplog.records if "model's context" in r.getMessage()]
+
+    assert warnings_for(32) == []  # 24 + 8 fit; 24 + 100 would not
+    (message,) = warnings_for(31)
+    assert "preference_data.max_prompt_length (24 tokens) plus " in message, message
+    assert "preference_data.max_completion_length (8)" in message, message

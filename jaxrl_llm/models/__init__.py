@@ -15,7 +15,7 @@ from jaxrl_llm.models.cache import (
 )
 from jaxrl_llm.models.config import SUPPORTED_FAMILIES, ModelConfig, RopeConfig
 from jaxrl_llm.models.decoder import Decoder, check_fused_attention
-from jaxrl_llm.models.hf_io import from_pretrained, save_pretrained
+from jaxrl_llm.models.hf_io import copy_side_files, from_pretrained, save_pretrained
 from jaxrl_llm.models.lora import LORA_PATTERN, LoRAConfig, add_lora, has_lora, merge_lora
 from jaxrl_llm.models.value import ValueHead, ValueModel
 
@@ -33,6 +33,7 @@ __all__ = [
     "ValueModel",
     "add_lora",
     "check_fused_attention",
+    "copy_side_files",
     "from_pretrained",
     "has_lora",
     "merge_lora",

@@ -2,7 +2,8 @@
 
 Checking loads the checkpoint with every validation of `from_pretrained` (config, headers,
 tensor names, shapes), runs one forward pass on a few tokens and requires finite logits.
-Re-exporting writes it back with `save_pretrained`, e.g. in another dtype or shard size.
+Re-exporting writes it back with `save_pretrained`, e.g. in another dtype or shard size, with
+the source's `generation_config.json` and tokenizer files, so that the copy is complete.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxrl_llm.models.hf_io import from_pretrained, save_pretrained
+from jaxrl_llm.models.hf_io import copy_side_files, from_pretrained, save_pretrained
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -32,7 +33,8 @@ def check_checkpoint(
     Args:
       path: checkpoint directory.
       dtype: parameter and compute dtype while checking, and the dtype written to `out`.
-      out: directory to write the checkpoint to (None: only check).
+      out: directory to write the checkpoint to (None: only check), with the source's
+        generation config and tokenizer files.
       max_shard_bytes: shard size of the written checkpoint.
 
     Returns:
@@ -53,6 +55,7 @@ def check_checkpoint(
     count = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
     if out is not None:
         save_pretrained(model, out, max_shard_bytes=max_shard_bytes)
+        copy_side_files(path, out)
     return {
         "family": config.family,
         "layers": config.num_layers,

@@ -331,6 +331,54 @@ def save_pretrained(
     tmp.replace(path / CONFIG_FILE)
 
 
+GENERATION_CONFIG_FILE = "generation_config.json"
+# the files a `transformers` tokenizer is saved as (those that exist are copied)
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "tokenizer.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "chat_template.jinja",
+    "chat_template.json",
+)
+
+
+def copy_side_files(
+    source: str | pathlib.Path, dest: str | pathlib.Path, *, tokenizer: bool = True
+) -> list[str]:
+    """Copy a checkpoint's files other than its config and weights into another checkpoint
+    directory: `generation_config.json` (the EOS ids and sampling defaults `transformers` and
+    vLLM generate with) and, with `tokenizer`, the tokenizer's files. Missing ones are skipped.
+
+    Returns:
+      The names copied.
+
+    Examples:
+      >>> import tempfile
+      >>> src, dst = pathlib.Path(tempfile.mkdtemp()), pathlib.Path(tempfile.mkdtemp())
+      >>> _ = (src / "generation_config.json").write_text('{"eos_token_id": [1, 2]}')
+      >>> _ = (src / "tokenizer.json").write_text("{}")
+      >>> copy_side_files(src, dst), copy_side_files(src, dst, tokenizer=False)
+      (['generation_config.json', 'tokenizer.json'], ['generation_config.json'])
+    """
+    import shutil
+
+    source, dest = pathlib.Path(source), pathlib.Path(dest)
+    names = (GENERATION_CONFIG_FILE, *(TOKENIZER_FILES if tokenizer else ()))
+    copied = []
+    for name in names:
+        if (source / name).is_file() and (source / name).resolve() != (dest / name).resolve():
+            shutil.copyfile(source / name, dest / name)
+            copied.append(name)
+    return copied
+
+
 def _flush(
     tensors: dict[str, np.ndarray], path: pathlib.Path, i: int, save_file: Any
 ) -> tuple[pathlib.Path, list[str]]:

@@ -37,6 +37,7 @@ from jaxrl_llm.models import (
     ValueHead,
     ValueModel,
     add_lora,
+    copy_side_files,
     from_pretrained,
     has_lora,
     save_pretrained,
@@ -302,7 +303,8 @@ def export_policy(
     (tokenizer included) for the next stage; the byte tokenizer has no files (the next stage
     sets `tokenizer.path: byte`). A policy with LoRA adapters is written merged, and its
     adapters alone in PEFT's format in `path/adapter` (`base_model` recorded as the checkpoint
-    they apply to).
+    they apply to). A policy exported from a `base_model` checkpoint keeps its
+    `generation_config.json` (the EOS ids and sampling defaults `transformers` and vLLM use).
 
     Every process of a multi-process job calls it (sharded parameters are gathered); process 0
     writes.
@@ -331,6 +333,8 @@ def export_policy(
     save_pretrained(policy, path, dtype=None if dtype is None else DTYPES[dtype])
     if isinstance(tokenizer, HFTokenizer):
         tokenizer.tokenizer.save_pretrained(str(path))
+    if isinstance(policy, Decoder) and base_model is not None and pathlib.Path(base_model).is_dir():
+        copy_side_files(base_model, path, tokenizer=False)  # its EOS ids and sampling defaults
     if isinstance(policy, Decoder) and has_lora(policy):
         save_lora_adapter(policy, path / ADAPTER_DIR, base_model=base_model)
     return path

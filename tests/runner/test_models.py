@@ -3,6 +3,9 @@ construction) and the export (weights and the run's tokenizer)."""
 
 from __future__ import annotations
 
+import json
+import pathlib
+
 import jax
 import numpy as np
 import pytest
@@ -103,6 +106,38 @@ def test_the_export_holds_the_runs_transformers_tokenizer(tmp_path):
         graphs, params["policy"], frozen["policy"], tmp_path / "b", None, load_tokenizer("byte")
     )
     assert sorted(p.name for p in byte.iterdir()) == ["config.json", "model.safetensors"]
+
+
+def test_the_export_and_convert_keep_the_checkpoints_generation_config(tmp_path):
+    """An instruct checkpoint's `generation_config.json` (extra EOS ids, sampling defaults)
+    goes with the export of a run that started from it and with `convert --out`, so that
+    `transformers` generates as before; a randomly initialised run has none to keep."""
+    transformers = pytest.importorskip("transformers")
+    from jaxrl_llm.models import save_pretrained
+    from jaxrl_llm.models.convert import check_checkpoint
+
+    base = tmp_path / "base"
+    save_pretrained(Decoder(CFG, rngs=nnx.Rngs(0)), base)
+    settings = {"eos_token_id": [257, 258], "do_sample": True, "temperature": 0.7}
+    (base / "generation_config.json").write_text(json.dumps(settings))
+    graphs, params, frozen = split_models(Decoder(CFG, rngs=nnx.Rngs(1)))
+    runs = {
+        "export": export_policy(
+            graphs,
+            params["policy"],
+            frozen["policy"],
+            tmp_path / "export",
+            None,
+            base_model=str(base),
+        ),
+        "convert": pathlib.Path(check_checkpoint(base, out=tmp_path / "convert")["written"]),
+    }
+    for name, out in runs.items():
+        loaded = transformers.GenerationConfig.from_pretrained(str(out))
+        assert loaded.eos_token_id == [257, 258], name
+        assert (loaded.do_sample, loaded.temperature) == (True, 0.7), name
+    fresh = export_policy(graphs, params["policy"], frozen["policy"], tmp_path / "fresh", None)
+    assert not (fresh / "generation_config.json").exists()
 
 
 def test_a_run_whose_budgets_exceed_the_model_context_warns(tmp_path, caplog):

@@ -114,7 +114,9 @@ class TokenizedPreference(NamedTuple):
 class TruncationStats(NamedTuple):
     """How many examples, and how many of their prompts / completions were truncated.
 
-    Unpaired examples count their completion under `chosen`.
+    Unpaired examples count their completion under `chosen`. `tied` counts the pairs whose
+    chosen and rejected tokens are the same after truncation (they differ only past
+    `max_completion_length`): their margin is 0, so they carry no preference.
 
     Examples:
       >>> TruncationStats(examples=10, prompt=1, chosen=0, rejected=2).rejected
@@ -125,6 +127,7 @@ class TruncationStats(NamedTuple):
     prompt: int
     chosen: int
     rejected: int
+    tied: int = 0
 
 
 def _messages(value: Any, field: str) -> list[dict[str, str]]:
@@ -260,6 +263,8 @@ def check_preference_record(raw: Any, *, unpaired: bool = False) -> dict[str, An
                 raise ValueError(f"field 'label' must be true or false, got {record['label']!r}")
             continue
         record[field] = _completion(record[field], field)
+    if not unpaired and record["chosen"] == record["rejected"]:
+        raise ValueError("'chosen' equals 'rejected': nothing to prefer")
     return record
 
 
@@ -345,7 +350,7 @@ def tokenize_preferences(
       >>> ex, stats = tokenize_preferences([{"prompt": "12+7=", "chosen": "19", "rejected": "2"}],
       ...                                  tokenizer=ByteTokenizer(), config=cfg)
       >>> ex[0].prompt, ex[0].chosen, ex[0].rejected, stats
-      ((43, 55, 61), (49, 57), (50, 258), TruncationStats(examples=1, prompt=1, chosen=1, rejected=0))
+      ((43, 55, 61), (49, 57), (50, 258), TruncationStats(examples=1, prompt=1, chosen=1, rejected=0, tied=0))
     """
     counts = {"prompt": 0, "chosen": 0, "rejected": 0}
     out = []
@@ -381,7 +386,17 @@ def tokenize_preferences(
             sides[name] = ids
         label = bool(record["label"]) if unpaired else None
         out.append(TokenizedPreference(prompt, sides["chosen"], sides.get("rejected"), label))
-    stats = TruncationStats(len(out), counts["prompt"], counts["chosen"], counts["rejected"])
+    tied = sum(e.chosen == e.rejected for e in out)
+    stats = TruncationStats(len(out), counts["prompt"], counts["chosen"], counts["rejected"], tied)
+    if tied:
+        log.warning(
+            "preference data: %d of %d pairs have the same chosen and rejected tokens after "
+            "truncating the completions to %d tokens: they carry no preference (margin 0) and "
+            "dilute the loss; raise preference_data.max_completion_length",
+            tied,
+            stats.examples,
+            config.max_completion_length,
+        )
     if stats.prompt or stats.chosen or stats.rejected:
         log.warning(
             "preference data: truncated %d prompt(s) to their last %d tokens and %d chosen / %d "
@@ -430,7 +445,8 @@ def load_preference_data(
                     + ("unpaired" if True in kinds else "paired")
                     + f" but unpaired={unpaired} was asked for."
                 )
-            return source, TruncationStats(len(source), 0, 0, 0), []
+            tied = sum(s.rejected is not None and s.chosen == s.rejected for s in source)
+            return source, TruncationStats(len(source), 0, 0, 0, tied), []
         log_ = IssueLog("records", config.on_bad_record)
         records = []
         for i, raw in enumerate(source):

@@ -98,6 +98,7 @@ def load_preference_examples(config: RunConfig, tokenizer: Any) -> tuple[list[An
         "data/truncated_prompts": stats.prompt,
         "data/truncated_chosen": stats.chosen,
         "data/truncated_rejected": stats.rejected,
+        "data/tied_pairs": stats.tied,
     }
     return examples, info
 

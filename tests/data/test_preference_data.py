@@ -259,6 +259,31 @@ def test_truncation_keeps_the_end_of_prompts_and_the_start_of_completions(caplog
     assert truncate_tokens([1, 2, 3], 3, keep="last") == ((1, 2, 3), False)
 
 
+def test_pairs_tied_by_truncation_are_counted_and_identical_pairs_refused(caplog):
+    """Completions that differ only past `max_completion_length` become the same tokens: a pair
+    with margin 0, counted (`tied`) and warned about; a record whose chosen and rejected texts
+    are equal is a bad record, as the implicit-prompt form already was."""
+    records = [
+        {"prompt": "p", "chosen": "abcdefgh GOOD", "rejected": "abcdefgh BAD"},
+        {"prompt": "q", "chosen": "1", "rejected": "2"},
+    ]
+    cfg = PreferenceDataConfig(max_completion_length=4)
+    with caplog.at_level(logging.WARNING, logger="jaxrl_llm.data.preference"):
+        examples, stats = tokenize_preferences(records, tokenizer=TOK, config=cfg)
+    assert examples[0].chosen == examples[0].rejected == tuple(_ids("abcd"))
+    assert stats.tied == 1 and stats.chosen == stats.rejected == 1
+    assert "1 of 2 pairs have the same chosen and rejected tokens" in caplog.text
+    same = {"prompt": "p", "chosen": "same", "rejected": "same"}
+    with pytest.raises(ValueError, match="'chosen' equals 'rejected': nothing to prefer"):
+        check_preference_record(same)
+    kept, _, issues = load_preference_data(
+        [same, records[1]], tokenizer=TOK, config=PreferenceDataConfig(on_bad_record="skip")
+    )
+    assert len(kept) == 1 and "nothing to prefer" in issues[0].reason
+    _, again, _ = load_preference_data(examples, tokenizer=TOK, config=cfg)  # tokenized input
+    assert again.tied == 1
+
+
 # ------------------------------------------------------------------ batches
 
 

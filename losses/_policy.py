@@ -7,7 +7,9 @@ a per-token loss `ℓ[N,T]`, multiplies it by `sg(is_weights)·token_weights`, a
 * `prepare_policy_inputs` validates shapes/dtypes, upcasts to float32 and zeroes masked entries
   before any arithmetic (NaN/inf outside the mask never leaks). `old_logp=None` means
   `sg(logp)`: one on-policy iteration, ratio ≡ 1 with gradient `∇logp`.
-* `log_ratio` returns `logr = logp − old_logp` and `r = exp(clip(logr, ±log_ratio_clamp))`.
+* `log_ratio` returns `logr = logp − old_logp` and `r = exp(clip(logr, ±log_ratio_clamp))`;
+  with `log_ratio_clamp=None`, `r = exp(min(logr, 80))`: finite where float32's `exp` would
+  overflow (at 88.7), so the gradient of a clipped or capped ratio is 0 there, not NaN.
 * `reduce_policy_loss` applies the weights and the aggregation.
 * `ratio_metrics` gives `policy/approx_kl`, `policy/ratio_mean`, `policy/ratio_max`.
 """
@@ -91,10 +93,17 @@ def log_ratio(
     return logr, ratio
 
 
+# float32's exp overflows past 88.7: with no clamp, an exponent is still bounded above here
+# (e^80 ≈ 5.5e34), so that a branch that `where` / `min` / a clamp discards never has an
+# infinite derivative (0 · inf = NaN in the gradient); the peers' ratio is inf there
+EXP_SAFE_MAX = 80.0
+
+
 def clamp_log_ratio(logr: Array, log_ratio_clamp: Any, *, where: str) -> Array:
-    """`clip(logr, ±c)` (`c` None: `logr`); a concrete `c` must be > 0, not NaN (ValueError)."""
+    """`clip(logr, ±c)`; a concrete `c` must be > 0, not NaN (ValueError). `c` None: no clamp,
+    but `logr` is bounded above at `EXP_SAFE_MAX` = 80, where `exp` is still finite."""
     if log_ratio_clamp is None:
-        return logr
+        return jnp.minimum(logr, EXP_SAFE_MAX)
     check_positive(log_ratio_clamp, "log_ratio_clamp", where=where)
     return jnp.clip(logr, -log_ratio_clamp, log_ratio_clamp)
 

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from losses._checks import replicated
+from losses._checks import check_concrete_range, replicated
 
 Array = jax.Array
 
@@ -104,6 +104,8 @@ def order_statistics(x: Array, valid: Array, q: Any, *, where: str) -> tuple:
         raise ValueError(
             f"{where}: `valid` must have the shape of `x` {jnp.shape(x)}, got {jnp.shape(valid)}."
         )
+    check_concrete_range(q, "q", where=where, low=0.0, high=1.0)
+    valid = jnp.asarray(valid) > 0  # a {0, 1} mask of any dtype counts as the bool one
     flat = replicated(jnp.where(valid, x, jnp.inf).reshape(-1))
     ordered = jnp.sort(flat)
     n = jnp.sum(valid.astype(jnp.int32))

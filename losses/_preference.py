@@ -90,6 +90,8 @@ def check_unit_interval(
     values = concrete(value)
     if values is None or values.dtype.kind not in "biuf" or values.size == 0:
         return
+    if values.dtype.kind == "f" and np.isnan(values).any():  # NaN fails every comparison below
+        raise ValueError(f"{where}: `{name}` must not be NaN, got {value!r}.")
     low_bad = (values <= 0) if low_open else (values < 0)
     high_bad = (values >= high) if high_open else (values > high)
     if low_bad.any() or high_bad.any():

@@ -30,12 +30,23 @@ def _check_static(value: Any, name: str, where: str) -> float:
 
 
 def clip_bound_grid(start: float, stop: float, step: float) -> tuple[float, ...]:
-    """The static search grid `start, start + step, ...` up to and including `stop`.
+    """The static search grid `start, start + step, ...` up to and including `stop`; finite
+    Python numbers with `start <= stop` and `step > 0` (ValueError otherwise).
 
     Examples:
       >>> [round(v, 2) for v in clip_bound_grid(0.6, 0.8, 0.05)]
       [0.6, 0.65, 0.7, 0.75, 0.8]
+      >>> clip_bound_grid(0.6, 0.8, 0.0)
+      Traceback (most recent call last):
+      ...
+      ValueError: clip_bound_grid: `step` must be > 0, got 0.0.
     """
+    where = "clip_bound_grid"
+    start, stop = _check_static(start, "start", where), _check_static(stop, "stop", where)
+    step = _check_static(step, "step", where)
+    check_positive(step, "step", where=where)
+    if start > stop:
+        raise ValueError(f"{where}: need start <= stop, got start={start!r}, stop={stop!r}.")
     count = max(math.ceil((stop - start) / step - 1e-9), 0)
     return tuple(min(start + k * step, stop) for k in range(count + 1))
 

@@ -26,8 +26,15 @@ from losses._checks import (
     check_rank,
     check_same_shape,
 )
+from losses._policy import EXP_SAFE_MAX, clamp_log_ratio
 from losses.aggregation import AggMode, aggregate
-from losses.logprobs import _check_chunk_size, _check_logits, _full_kl_chunk, _map_over_positions
+from losses.logprobs import (
+    _check_chunk_size,
+    _check_logits,
+    _check_temperature,
+    _full_kl_chunk,
+    _map_over_positions,
+)
 
 Estimator = Literal["k1", "k2", "k3", "abs"]
 ESTIMATORS: tuple[str, ...] = ("k1", "k2", "k3", "abs")
@@ -74,7 +81,12 @@ def _estimate(
         dc = d if bound is None else jnp.clip(d, -bound, bound)
         value = 0.5 * jnp.square(dc)
     else:  # k3
-        dh = d if log_ratio_clamp is None else jnp.clip(d, -log_ratio_clamp, log_ratio_clamp)
+        # no clamp: exp(−d) still finite (d ≥ −80), so a value clamp's gradient is 0, not NaN
+        dh = (
+            jnp.maximum(d, -EXP_SAFE_MAX)
+            if log_ratio_clamp is None
+            else jnp.clip(d, -log_ratio_clamp, log_ratio_clamp)
+        )
         value = jnp.expm1(-dh) + dh
     if clamp is not None:
         value = jnp.clip(value, -clamp, clamp)
@@ -121,7 +133,9 @@ def kl_estimate(
       estimator: "k1", "k2", "k3" or "abs".
       straight_through: value of `estimator`, gradient of k2.
       clamp: bound `c > 0` of the returned value (None: no clamp).
-      log_ratio_clamp: bound of `|d|` inside the exponent of k3 (None: no clamp).
+      log_ratio_clamp: bound of `|d|` inside the exponent of k3 (None: no clamp, except
+        `d ≥ −80`, where `exp(−d)` is still finite in float32: a `clamp`ed value then has
+        gradient 0, not NaN).
       mask: optional {0,1} mask of the same shape; inputs are zeroed outside it before any
         arithmetic and the output is 0 there.
 
@@ -231,9 +245,7 @@ def kl_loss(
         else:
             check_floating(old_logp, "old_logp", where=where)
             old = jax.lax.stop_gradient(_zero_outside(as_float32(old_logp), valid))
-        logr = lp - old
-        if log_ratio_clamp is not None:
-            logr = jnp.clip(logr, -log_ratio_clamp, log_ratio_clamp)
+        logr = clamp_log_ratio(lp - old, log_ratio_clamp, where=where)
         per_token = kl * jnp.where(valid, jnp.exp(logr), 0.0)
     loss = aggregate(
         per_token, m, mode=agg, num_tokens=num_tokens, num_seqs=num_seqs, norm_length=norm_length
@@ -576,7 +588,7 @@ def full_kl(
     zq = _check_logits(logits_q, "logits_q", where=where)
     check_same_shape(zp, "logits_p", where, logits_q=zq)
     m = as_mask(mask, zp.shape[:2], where=where)
-    check_positive(temperature, "temperature", where=where)
+    _check_temperature(temperature, where)
     _check_chunk_size(chunk_size, where=where)
 
     def chunk(p: Array, q: Array, mc: Array) -> Array:

@@ -23,6 +23,7 @@ from jax import Array
 from jax.sharding import AxisType, PartitionSpec
 from jaxtyping import ArrayLike
 
+from losses._checks import check_valid_range
 from losses._rewards import (
     check_integer,
     check_number,
@@ -286,7 +287,8 @@ def hapo_history_update(
 
         history'[p] = min(history[p], min{len_n : prompt_ids[n] = p, correct_n})
 
-    Prompts without a correct response keep their record; ids outside `[0, P)` are ignored. Start
+    Prompts without a correct response keep their record; negative ids (padding) are ignored,
+    and a concrete id ≥ P is an error (the table is too small; traced ones are ignored). Start
     from `jnp.full((P,), jnp.inf)` (no history). The table is state of the training loop (a pytree
     leaf of the train state), updated after the rewards of the batch are computed.
 
@@ -321,6 +323,7 @@ def hapo_history_update(
     check_shape(length, ids.shape, "lengths", where=where, like="prompt_ids")
     ok = flags(correct, ids.shape, "correct", where=where, like="prompt_ids")
     P = table.shape[0]
+    check_valid_range(ids, None, "prompt_ids", where=where, high=P - 1)
     in_range = (ids >= 0) & (ids < P)
     candidate = jnp.where(ok & in_range, length, jnp.inf).astype(table.dtype)
     out_sharding = PartitionSpec() if _explicit_mesh() else None

@@ -101,6 +101,16 @@ def _map_over_positions(
     return jnp.concatenate([head, tail], axis=1)
 
 
+def _check_temperature(temperature: Any, where: str) -> None:
+    """The sampling temperature: one number (a scalar array too, traced or not), > 0."""
+    if jnp.ndim(temperature) != 0:
+        raise ValueError(
+            f"{where}: `temperature` must be a scalar (the sampling temperature of every row), "
+            f"got shape {jnp.shape(temperature)}."
+        )
+    check_positive(temperature, "temperature", where=where)
+
+
 def _scaled(z: Array, temperature: Any, m: Array | None) -> Array:
     """`float32(z)/τ`, zeroed outside the mask first, shifted by its (stop-gradient) row max.
 
@@ -239,7 +249,7 @@ def token_logprobs(
             f"{where}: `targets` must have shape {logits.shape[:2]} (the first two axes of "
             f"`logits` {logits.shape}), got {targets.shape}."
         )
-    check_positive(temperature, "temperature", where=where)
+    _check_temperature(temperature, where)
     _check_chunk_size(chunk_size, where=where)
     m = _optional_mask(mask, targets.shape, where=where)
     V = logits.shape[2]
@@ -286,7 +296,7 @@ def entropy_from_logits(
     """
     where = "entropy_from_logits"
     logits = _check_logits(logits, "logits", where=where)
-    check_positive(temperature, "temperature", where=where)
+    _check_temperature(temperature, where)
     _check_chunk_size(chunk_size, where=where)
     m = _optional_mask(mask, logits.shape[:2], where=where)
 
@@ -330,7 +340,7 @@ def log_sum_pi_squared(
     """
     where = "log_sum_pi_squared"
     logits = _check_logits(logits, "logits", where=where)
-    check_positive(temperature, "temperature", where=where)
+    _check_temperature(temperature, where)
     _check_chunk_size(chunk_size, where=where)
     m = _optional_mask(mask, logits.shape[:2], where=where)
 
@@ -374,7 +384,7 @@ def self_certainty(
     where = "self_certainty"
     logits = _check_logits(logits, "logits", where=where)
     m = as_mask(mask, logits.shape[:2], where=where)
-    check_positive(temperature, "temperature", where=where)
+    _check_temperature(temperature, where)
     _check_chunk_size(chunk_size, where=where)
     log_v = float(np.log(logits.shape[2]))
 

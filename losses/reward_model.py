@@ -32,6 +32,7 @@ from losses._checks import (
     check_positive,
     check_rank,
     check_real,
+    check_valid_range,
 )
 from losses._policy import stop_gradient_metrics, zero_outside
 
@@ -201,7 +202,8 @@ def soft_bradley_terry_loss(
     Args:
       chosen_scores: `[N]` scores `c`.
       rejected_scores: `[N]` scores `r`.
-      prob: scalar or `[N]` probabilities `p ∈ [0, 1]` that `c` is preferred (not checked).
+      prob: scalar or `[N]` probabilities `p ∈ [0, 1]` that `c` is preferred (concrete values
+        are checked).
       valid: optional `[N]` {0,1}; invalid pairs are ignored.
 
     Returns:
@@ -216,6 +218,8 @@ def soft_bradley_terry_loss(
     where = "soft_bradley_terry_loss"
     c, r, v = _pair_inputs(chosen_scores, rejected_scores, valid, where=where)
     p = jax.lax.stop_gradient(_per_item(prob, "prob", c.shape, v, where=where))
+    per_pair = jnp.ndim(prob) and valid is not None  # an invalid pair's value is not used
+    check_valid_range(prob, valid if per_pair else None, "prob", where=where, low=0.0, high=1.0)
     loss = _masked_mean(_bce_with_logits(c - r, p), v)
     return loss, _pair_metrics(c, r, v)
 

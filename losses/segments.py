@@ -37,6 +37,7 @@ from losses._checks import (
     check_positive,
     check_rank,
     check_real,
+    check_valid_range,
 )
 from losses.advantages import group_advantages_flat
 
@@ -223,14 +224,15 @@ def segment_reduce(
 def segment_broadcast(y: ArrayLike, segment_ids: ArrayLike, mask: ArrayLike) -> Array:
     """Give every valid token the value of its segment (ALGORITHMS.md §4.15).
 
-        out[n,t] = y[n, seg[n,t]]·m[n,t]        (0 where `seg` is outside `[0, M)`)
+        out[n,t] = y[n, seg[n,t]]·m[n,t]        (0 where `seg` < 0: no segment)
 
     The inverse direction of `segment_reduce`: `segment_broadcast(segment_reduce(x, "mean"))` is
     idempotent. Differentiable in `y`.
 
     Args:
       y: `[N,M]` per-segment values (step advantages, step returns, ...).
-      segment_ids: `int[N,T]` segment of each token.
+      segment_ids: `int[N,T]` segment of each token (−1: none). A concrete id ≥ M on a valid
+        token is an error (`y` has no value for it); traced ids there give 0.
       mask: `[N,T]` {0,1} valid tokens.
 
     Returns:
@@ -238,7 +240,7 @@ def segment_broadcast(y: ArrayLike, segment_ids: ArrayLike, mask: ArrayLike) -> 
 
     Examples:
       >>> import jax.numpy as jnp
-      >>> seg = jnp.array([[0, 0, 1, 2, -1]]); m = jnp.array([[1, 1, 1, 1, 0]])
+      >>> seg = jnp.array([[0, 0, 1, -1, -1]]); m = jnp.array([[1, 1, 1, 1, 0]])
       >>> segment_broadcast(jnp.array([[0.5, -1.0]]), seg, m).tolist()
       [[0.5, 0.5, -1.0, 0.0, 0.0]]
     """
@@ -255,6 +257,7 @@ def segment_broadcast(y: ArrayLike, segment_ids: ArrayLike, mask: ArrayLike) -> 
         )
     ids = _segment_ids(segment_ids, jnp.shape(segment_ids), where=where)
     valid = as_mask(mask, ids.shape, where=where) > 0
+    check_valid_range(segment_ids, valid, "segment_ids", where=where, high=M - 1)
     keep = valid & (ids >= 0) & (ids < M)
     gathered = jnp.take_along_axis(yf, jnp.clip(ids, 0, M - 1), axis=1)
     return _zero_outside(gathered, keep)

@@ -18,10 +18,12 @@ from losses import (
     anchored_group_advantages,
     awr_loss,
     cispo_loss,
+    clip_bound_grid,
     clip_cov_loss,
     disco_loss,
     gae,
     gated_sft_loss,
+    hapo_history_update,
     high_entropy_mask,
     hybrid_ratio_loss,
     implicit_prm_loss,
@@ -29,6 +31,8 @@ from losses import (
     kl_penalized_rewards,
     kl_penalized_scores,
     laser_self_rewards,
+    ld_sequence_logprob,
+    masked_quantile,
     mc_step_labels,
     normalize_rewards,
     pairwise_ppo_loss,
@@ -36,8 +40,11 @@ from losses import (
     prm_bce_loss,
     running_moments_update,
     sapo_loss,
+    segment_broadcast,
+    soft_bradley_terry_loss,
     tempo_advantages,
     tgdpo_loss,
+    token_logprobs,
     turn_decay_rewards,
     vespo_loss,
 )
@@ -156,6 +163,45 @@ CASES = {
         lambda: kl_penalized_scores(jnp.array([1.0]), LP, OLD, MASK, beta=NAN),
         r"kl_penalized_scores: `beta` must be >= 0",
     ),
+    # 2026-12-07 input fuzz: silently NaN / inf / dropped before
+    "quantile level above 1": (
+        lambda: masked_quantile(ENTROPY, ENTROPY > 0, 1.5),
+        r"masked_quantile: `q` must lie in \[0.0, 1.0\]",
+    ),
+    "NaN quantile level": (
+        lambda: masked_quantile(ENTROPY, ENTROPY > 0, NAN),
+        r"masked_quantile: `q` must not be NaN",
+    ),
+    "HAPO prompt id beyond the table": (
+        lambda: hapo_history_update(
+            jnp.full((2,), jnp.inf), jnp.array([0, 2]), jnp.array([4, 3]), jnp.array([1, 1])
+        ),
+        r"hapo_history_update: `prompt_ids` must lie in \[-inf, 1\], got values from 0 to 2",
+    ),
+    "segment id beyond y on a valid token": (
+        lambda: segment_broadcast(jnp.ones((1, 1)), jnp.array([[0, 1]]), jnp.ones((1, 2))),
+        r"segment_broadcast: `segment_ids` must lie in \[-inf, 0\]",
+    ),
+    "clip grid of step 0": (lambda: clip_bound_grid(0.6, 0.8, 0.0), r"`step` must be > 0"),
+    "clip grid of negative step": (lambda: clip_bound_grid(0.6, 0.8, -0.05), r"`step` must be > 0"),
+    "clip grid with a NaN end": (
+        lambda: clip_bound_grid(0.6, NAN, 0.05),
+        r"clip_bound_grid: `stop` must be a finite Python number",
+    ),
+    "per-row temperature": (
+        lambda: token_logprobs(
+            jnp.zeros((2, 3, 5)), jnp.zeros((2, 3), int), temperature=ONES[:, 0]
+        ),
+        r"token_logprobs: `temperature` must be a scalar .*got shape \(2,\)",
+    ),
+    "soft Bradley-Terry probability above 1": (
+        lambda: soft_bradley_terry_loss(jnp.array([1.0]), jnp.array([0.0]), 1.5),
+        r"soft_bradley_terry_loss: `prob` must lie in \[0.0, 1.0\]",
+    ),
+    "LD-DPO NaN alpha": (
+        lambda: ld_sequence_logprob(ONES, ONES, ONES, ONES, alpha=NAN),
+        r"ld_sequence_logprob: `alpha` must not be NaN",
+    ),
 }
 
 
@@ -194,3 +240,23 @@ def test_a_per_token_gamma_is_checked_on_valid_tokens_only():
     mask = np.array([[1, 1, 0], [1, 1, 0]])
     out = gae(R, np.zeros_like(R), mask, gamma=gamma, lam=1.0)[0]
     assert np.all(np.isfinite(np.asarray(out)))
+
+
+def test_a_quantiles_mask_of_any_dtype_counts_like_the_bool_mask():
+    """`where(valid, ...)` read any non-zero as valid while the count summed the raw values: a
+    {0, 1} float or int mask times 0.5 or 2 gave inf or NaN."""
+    x = jnp.array([0.1, 2.0, 0.5, 1.0, 3.0, 0.2, 9.0])
+    valid = x < 5.0
+    expected = np.quantile(np.asarray(x)[np.asarray(valid)], 0.5)
+    for mask in (valid, valid.astype(jnp.float32), 0.5 * valid, 2 * valid.astype(jnp.int32)):
+        np.testing.assert_allclose(masked_quantile(x, mask, 0.5), expected, rtol=1e-6)
+
+
+def test_negative_ids_are_still_padding():
+    """HAPO's −1 prompt id and a segment id of −1 mean "none": ignored, not an error."""
+    table = hapo_history_update(
+        jnp.full((3,), jnp.inf), jnp.array([0, -1, 2]), jnp.array([40, 30, 90]), jnp.ones(3)
+    )
+    np.testing.assert_array_equal(table, [40.0, np.inf, 90.0])
+    out = segment_broadcast(jnp.array([[0.5]]), jnp.array([[0, -1, 3]]), jnp.array([[1, 1, 0]]))
+    np.testing.assert_array_equal(out, [[0.5, 0.0, 0.0]])  # 3 is on a masked token

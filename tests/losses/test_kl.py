@@ -180,6 +180,38 @@ def test_clamp_and_log_ratio_clamp():
     np.testing.assert_allclose(k3_20[4], np.exp(20.0) - 1 - 20.0, rtol=1e-5)
     np.testing.assert_allclose(k3_none[4], np.exp(25.0) - 1 - 25.0, rtol=1e-5)
     np.testing.assert_allclose(k3_20[:4], k3_none[:4], rtol=1e-6)
+    # k2's clamp bounds |d| at √(2c), so that ½d² ≤ c: d = 3, c = 2 → 2
+    assert_close(
+        jcall(kl_estimate, np.array([3.0, -1.0]), np.zeros(2), estimator="k2", clamp=2.0),
+        [2.0, 0.5],
+    )
+
+
+def test_k3_without_log_ratio_clamp_keeps_a_clamped_gradient_finite():
+    """OpenRLHF's k3 (`clamp=10, log_ratio_clamp=None`) at d = −100: exp(100) overflows float32,
+    and the clamped value's discarded derivative was inf · 0 = NaN. The exponent is bounded
+    (d ≥ −80): the value is the clamp, its gradient 0; unclamped, the value stays finite."""
+    d = jnp.array([-100.0, 0.5])
+
+    def k3(x, clamp):
+        return jnp.sum(
+            kl_estimate(x, jnp.zeros(2), estimator="k3", clamp=clamp, log_ratio_clamp=None)
+        )
+
+    assert_close(k3(d, 10.0), 10.0 + np.expm1(-0.5) + 0.5)
+    assert_close(jax.grad(k3)(d, 10.0), [0.0, 1 - np.exp(-0.5)])
+    assert np.isfinite(float(k3(d, None)))  # e^80 − 81: finite (the peers' value is inf)
+
+
+def test_kl_loss_correction_weight_uses_the_clamped_log_ratio():
+    """w = exp(clip(logp − old_logp, ±c)): logp − old = 3 with c = 1 weighs the k1 term 0.5
+    by e, not e³; token_mean over 2 tokens."""
+    lp, ref, old = np.array([[3.0, 0.0]]), np.array([[2.5, 0.0]]), np.zeros((1, 2))
+    kw = {"estimator": "k1", "clamp": None, "is_correction": True, "old_logp": old}
+    loss, _ = kl_loss(lp, ref, np.ones((1, 2)), log_ratio_clamp=1.0, **kw)
+    assert_close(loss, 0.25 * np.e)
+    loss, _ = kl_loss(lp, ref, np.ones((1, 2)), log_ratio_clamp=None, **kw)
+    assert_close(loss, 0.25 * np.e**3)
 
 
 def test_monte_carlo_on_a_small_categorical():

@@ -346,6 +346,25 @@ def test_log_ratio_clamp_bounds_the_value_and_zeroes_the_gradient_beyond_it():
     assert_close(grad[0], [np.exp(25.0), np.exp(19.5), -np.exp(-25.0)])
 
 
+def test_no_clamp_still_keeps_exp_finite_so_a_clipped_ratio_has_zero_gradient():
+    """`log_ratio_clamp=None` (TRL) on a token 90 nats off-policy: float32's exp overflows at
+    88.7, and the clipped branch's discarded derivative was inf · 0 = NaN for the whole batch.
+    The exponent is bounded above at 80: the value is the clipped one, its gradient 0."""
+    lp = jnp.array([[0.0, -0.5]])
+    old = jnp.array([[-90.0, -0.5]])
+    mask = jnp.ones((1, 2))
+    for adv, kw, value in ((1.0, {}, -1.1), (-1.0, {"dual_clip": 3.0}, 2.0)):
+
+        def loss(x, adv=adv, kw=kw):
+            return ppo_clip_loss(x, old, adv * mask, mask, log_ratio_clamp=None, **kw)[0]
+
+        assert_close(loss(lp), value)  # mean of the clipped 1.2 (or dual-clipped 3) and 1
+        assert_close(jax.grad(loss)(lp), [[0.0, -0.5 * adv]])
+    # and the advantages carry no gradient (they are data: stop-gradient inside the loss)
+    grad_adv = jax.grad(lambda a: ppo_clip_loss(lp, lp - 0.1, a, mask)[0])(jnp.ones((1, 2)))
+    assert_close(grad_adv, [[0.0, 0.0]])
+
+
 # --------------------------------------------------------------------------------------------------
 # reinforce_loss (§5.7)
 # --------------------------------------------------------------------------------------------------

@@ -303,7 +303,9 @@ def group_has_spread(signal: np.ndarray, valid: np.ndarray, group_size: int) -> 
 
 
 def reward_metrics(scores: Scores, lengths: np.ndarray, truncated: np.ndarray) -> dict[str, float]:
-    """Reward and response metrics over the rows of a step (rewards over valid rows).
+    """Reward and response metrics over the rows of a step: the reward's mean and std (ddof 0)
+    over the valid rows; the accuracy over all rows, a row whose reward failed counting as not
+    correct (as in evaluation), also when `drop_group` left its group out of the update.
 
     Examples:
       >>> s = Scores(np.array([1.0, 0.0]), np.array([1.0, 0.0]), np.ones(2, bool),
@@ -318,7 +320,7 @@ def reward_metrics(scores: Scores, lengths: np.ndarray, truncated: np.ndarray) -
     return {
         "reward/mean": float(total.mean()) if total.size else 0.0,
         "reward/std": float(total.std()) if total.size else 0.0,
-        "reward/accuracy": float(scores.correct[valid].mean()) if total.size else 0.0,
+        "reward/accuracy": float(scores.correct.mean()),
         "reward/nonfinite": float((~np.isfinite(scores.total)).sum()),
         "reward/valid_frac": float(valid.mean()),
         "response/length_mean": float(lengths.mean()),

@@ -394,3 +394,23 @@ def test_the_in_graph_reward_with_a_subword_tokenizer_is_warned_about(caplog):
     assert "rewards.jax_native" not in caplog.text  # the byte tokenizer has one spelling
     _config(*native, "tokenizer.path=/some/tokenizer")
     assert "with a subword tokenizer a right answer written in other tokens" in caplog.text
+
+
+def test_training_accuracy_counts_the_rows_of_a_dropped_group_as_evaluation_does():
+    """`drop_group` leaves a group with a failed row out of the update (`valid` False), but the
+    accuracy divides by every row, a failed one counting as not correct (docs/running.md): two
+    groups, group 0 dropped for a failure, group 1 one right and one wrong → 1/4, not 1/2. The
+    reward's mean and std (ddof 0) stay over the valid rows."""
+    from jaxrl_llm.runner.scoring import Scores, reward_metrics
+
+    scores = Scores(
+        total=np.array([0.0, 0.0, 1.0, 0.0]),
+        signal=np.array([0.0, 0.0, 1.0, 0.0]),
+        valid=np.array([False, False, True, True]),
+        correct=np.array([False, False, True, False]),
+        metrics={},
+    )
+    metrics = reward_metrics(scores, np.array([3, 3, 3, 3]), np.zeros(4, bool))
+    assert metrics["reward/accuracy"] == 0.25
+    assert (metrics["reward/mean"], metrics["reward/std"]) == (0.5, 0.5)
+    assert metrics["reward/valid_frac"] == 0.5

@@ -105,7 +105,10 @@ def rollout_correction_weights(
         mode="truncate":  w = clip(ρ, low or 0, high or ∞)                 (TIS)
         mode="mask":      w = ρ · [low ≤ ρ' ≤ high]  with ρ' = ρ at `mask_level` (MIS / IcePop)
         batch_normalize:  w ← w / mean(w)   (masked mean over tokens for level="token", mean over
-                                             non-empty sequences for the sequence levels)
+                                             non-empty sequences for the sequence levels, of
+                                             each one's ρ_n, or 0 when its gate kept no token:
+                                             a token-level gate's partial rejections do not
+                                             lower the sequence's weight in the mean)
         return sg(w)·m                       (sequence levels broadcast over t)
 
     Pass the result as `is_weights=` to a policy loss (decoupled correction). Sources: "Your

@@ -77,3 +77,21 @@ def test_shaped_advantages_never_shift_a_zero_advantage():
         jnp.array([0.0, 1.0]), jnp.array([0.3, 0.3]), jnp.array([1, 1]), c=0.5
     )
     assert_close(shaped, [0.0, 1.3])
+
+
+def test_batch_normalisation_of_sequence_weights_under_a_token_gate():
+    # geometric level, gated per token at high = 2: row 0 has d = old − rollout = [1, −1] →
+    # ρ_0 = e^0 = 1, but its first token's ratio e > 2 is rejected; row 1 has ρ_1 = 1. The
+    # sequence weights in the mean are ρ_n of rows with a kept token: mean(1, 1) = 1, so the
+    # weights stay [[1, 0], [1, 1]] (a token mean would give 3/4 and weights of 4/3)
+    w = losses.rollout_correction_weights(
+        jnp.zeros((2, 2)),
+        jnp.array([[-1.0, 1.0], [0.0, 0.0]]),
+        jnp.ones((2, 2)),
+        level="geometric",
+        mode="mask",
+        mask_level="token",
+        high=2.0,
+        batch_normalize=True,
+    )
+    assert_close(w, [[0.0, 1.0], [1.0, 1.0]])

@@ -65,25 +65,36 @@ def test_rloo_with_kl_in_the_sequence_reward():
     np.testing.assert_allclose(out.advantages, a.reshape(N, 1) * mask, rtol=1e-5, atol=1e-5)
 
 
-def _token_rewards(s, old, ref, mask, beta):
-    r = -beta * (old - ref) * mask
+NP_KL = {  # the estimators at d = old − ref, float64
+    "k1": lambda d: d,
+    "k2": lambda d: 0.5 * d**2,
+    "k3": lambda d: np.expm1(-d) + d,
+    "abs": np.abs,
+}
+
+
+def _token_rewards(s, old, ref, mask, beta, estimator="k1"):
+    r = -beta * NP_KL[estimator](old - ref) * mask
     last = mask.sum(1).astype(int) - 1
     r[np.arange(N), last] += s
     return r
 
 
-def test_reinforce_pp_whitened_discounted_returns_with_kl_reward():
+@pytest.mark.parametrize("estimator", ["k1", "k2", "k3", "abs"])
+def test_reinforce_pp_whitened_discounted_returns_with_kl_reward(estimator):
+    """The KL in the reward uses the configured estimator (k1 is the default, so a run that
+    asked for k2 and got k1 would go unnoticed with k1 alone)."""
     mask, s, old, ref, _ = _inputs(2)
     beta, gamma = 0.1, 0.9
     cfg = dataclasses.replace(
         preset("reinforce_pp"),
         advantage=AdvantageConfig(estimator="reinforce_pp", gamma=gamma),
-        kl=KLConfig(mode="reward", coef=beta),
+        kl=KLConfig(mode="reward", coef=beta, estimator=estimator),
     )
     out = compute_advantages(
         cfg, _f32(s), _f32(mask), group_size=G, old_logp=_f32(old), ref_logp=_f32(ref), kl_coef=beta
     )
-    r = _token_rewards(s, old, ref, mask, beta)
+    r = _token_rewards(s, old, ref, mask, beta, estimator)
     ret = np.zeros_like(r)
     for n in range(N):
         acc = 0.0

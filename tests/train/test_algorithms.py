@@ -310,3 +310,23 @@ def test_rollout_correction_weights_the_policy_loss():
             logp=batch.old_logp,
             entropy=jnp.zeros((N, T)),
         )
+
+
+def test_seq_k1_averages_over_the_rows_that_have_tokens():
+    """`kl/seq_k1` (the adaptive controller's input) is the mean over non-empty rows of each
+    row's token-mean k1: a row DAPO or the reward guard emptied must not halve it. old − ref = 1
+    on the one row with tokens → 1 (0.5 if the empty row counted)."""
+    mask = jnp.array([[1.0, 1.0], [0.0, 0.0]])
+    batch = RLBatch(
+        jnp.zeros((2, 4), jnp.int32),
+        jnp.ones((2, 4)),
+        mask,
+        advantages=jnp.zeros((2, 2)),
+        old_logp=jnp.zeros((2, 2)),
+        ref_logp=jnp.full((2, 2), -1.0),
+    )
+    config = AlgorithmConfig(kl=KLConfig(mode="loss", coef=0.1))
+    _, metrics = rl_loss(
+        config, batch, count_normalizers(mask), logp=jnp.zeros((2, 2)), entropy=jnp.zeros((2, 2))
+    )
+    assert float(metrics["kl/seq_k1"]) == pytest.approx(1.0)

@@ -252,6 +252,42 @@ def test_minibatches_are_sequential_updates_on_strided_rows(compiled):
     assert float(metrics["policy/ratio_max"]) > 1.0  # the second minibatch sees moved parameters
 
 
+def test_a_shuffled_epoch_takes_the_strided_rows_of_the_drawn_permutation(compiled):
+    """minibatches=2 with shuffle: the rows are permuted by `update_unit_orders(state.key)`
+    (the order packing must follow), then strided as without the shuffle; the result differs
+    from the unshuffled update (mutation testing found the shuffle switch unobserved)."""
+    from jaxrl_llm.train.update import update_unit_orders
+
+    alg = dataclasses.replace(preset("dr_grpo"), minibatches=2, shuffle=True)
+    optim = OptimConfig(name="sgd", learning_rate=0.5, max_grad_norm=None)
+    tx = make_optimizer(optim)
+    graphs, state = fresh_state(alg, tx)
+    batch = prepare(
+        alg,
+        state,
+        sequences(jax.random.key(8), N, P, T),
+        reference_params(state.params),
+        compiled.logprob_fn(),
+    )
+    objective = rl_objective(alg, graphs)
+    grads_of = jax.jit(functools.partial(loss_and_grads, objective))
+    order = np.asarray(update_unit_orders(state.key, epochs=1, units=N))[0]
+    assert sorted(order.tolist()) == list(range(N)) and order.tolist() != list(range(N))
+    params = _copy(state.params)
+    for rows in (order[0::2], order[1::2]):
+        micro = jax.tree.map(lambda x, rows=rows: x[rows], batch)
+        grads, _, _ = grads_of(
+            params, state.frozen, micro, count_normalizers(micro.completion_mask), 0.0
+        )
+        params = jax.tree.map(lambda p, g: p - 0.5 * g, params, grads)
+    fixed, _ = make_update_step(objective, tx, minibatches=2, shuffle=False)(
+        jax.tree.map(jnp.copy, state), batch  # the step donates the state it is given
+    )
+    assert tree_max_abs_diff(fixed.params, params) > 1e-4
+    shuffled, _ = make_update_step(objective, tx, minibatches=2, shuffle=True)(state, batch)
+    assert tree_max_abs_diff(shuffled.params, params) < 1e-5
+
+
 def test_frozen_parameters_stay_under_a_mesh_step(compiled):
     """A trainable subset (attention + MLP), compiled with explicit in/out shardings on a mesh.
 
@@ -336,3 +372,83 @@ def test_step_input_errors(compiled):
             mesh=make_mesh(MeshConfig(), devices=jax.devices()[:1]),
         )
     assert isinstance(state.opt_state, optax.InjectStatefulHyperparamsState)
+
+
+# ---------------------------------------------------------------- the non-finite guard and β
+# (mutation testing, 2026-12-07: a finite loss with a non-finite gradient, and an adaptive β,
+# were never exercised by the guard's tests)
+
+
+def _toy_step(loss_fn, **kwargs):
+    """One `update_step` of a one-parameter toy objective under an adaptive KL controller."""
+    import losses
+    from jaxrl_llm.train.batch import SequenceBatch, count_normalizers
+    from jaxrl_llm.train.objectives import Objective
+    from jaxrl_llm.train.state import init_train_state
+    from jaxrl_llm.train.update import update_step
+
+    controller = losses.adaptive_kl_controller(0.1, target=1.0, horizon=10.0)
+    objective = Objective(
+        lambda p, f, b, n, k: loss_fn(p["policy"]["w"]),
+        lambda b: count_normalizers(b.completion_mask),
+        lambda b, n: None,
+    )
+    state = init_train_state(
+        {"policy": {"w": jnp.zeros(1)}},
+        {},
+        optax.sgd(0.5),
+        key=jax.random.key(0),
+        kl=controller.init(),
+    )
+    batch = SequenceBatch(jnp.zeros((4, 3), jnp.int32), jnp.ones((4, 3)), jnp.ones((4, 1)))
+    new, metrics = update_step(
+        state,
+        batch,
+        objective=objective,
+        optimizer=optax.sgd(0.5),
+        kl_controller=controller,
+        **kwargs,
+    )
+    return state, new, metrics
+
+
+def test_a_finite_loss_with_a_nonfinite_gradient_is_skipped():
+    """sqrt|w| at w = 0: the loss is 0, its gradient inf; the guard must read the gradient's
+    norm too, or the update writes w = −inf."""
+
+    def loss(w):
+        value = jnp.sum(jnp.sqrt(jnp.abs(w)))
+        return value, {"loss/total": value}
+
+    _, new, metrics = _toy_step(loss, skip_nonfinite=True)
+    assert float(metrics["optim/skipped"]) == 1.0
+    np.testing.assert_array_equal(new.params["policy"]["w"], [0.0])
+
+
+def test_a_skipped_step_leaves_the_adaptive_kl_coefficient_alone():
+    """A NaN loss with a finite KL metric: the step is refused, β stays 0.1 (the controller
+    would move it to 0.108 on kl/seq_k1 = 5)."""
+
+    def loss(w):
+        value = jnp.sum(w) * jnp.nan
+        return value, {"loss/total": value, "kl/seq_k1": jnp.float32(5.0)}
+
+    state, new, metrics = _toy_step(loss, skip_nonfinite=True)
+    assert float(metrics["optim/skipped"]) == 1.0
+    assert float(new.kl.beta) == float(state.kl.beta) == pytest.approx(0.1)
+
+
+def test_kl_beta_metric_is_the_coefficient_the_step_used():
+    """`kl/beta` reports the β going into the step (0.1); the state carries the controller's
+    next one, 0.1 · (1 + clip(5/1 − 1, ±0.2) · n/10) = 0.108 for the batch's n = 4 rows."""
+    import losses
+
+    def loss(w):
+        value = jnp.sum(w**2)
+        return value, {"loss/total": value, "kl/seq_k1": jnp.float32(5.0)}
+
+    _, new, metrics = _toy_step(loss)
+    assert float(metrics["kl/beta"]) == pytest.approx(0.1)
+    controller = losses.adaptive_kl_controller(0.1, target=1.0, horizon=10.0)
+    expected = controller.update(controller.init(), jnp.float32(5.0), 4)
+    assert float(new.kl.beta) == pytest.approx(float(expected.beta)) == pytest.approx(0.108)

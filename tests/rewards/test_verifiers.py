@@ -302,3 +302,12 @@ def test_common_spellings_of_a_right_answer_match(completion, reference):
 )
 def test_those_spellings_of_a_wrong_answer_do_not(completion, reference):
     assert math_answer(["q"], [completion], answer=[reference]) == [0.0]
+
+
+def test_the_edges_of_number_and_text_normalisation():
+    """Exponents up to ±10000 are parsed, beyond are not; one trailing `.` is removed with the
+    spaces before it, not several (mutation testing)."""
+    assert parse_number("1e10000") == Fraction(10) ** 10000
+    assert parse_number("1e10001") is None
+    assert normalize_text("Paris .") == "Paris" and answers_match("Paris .", "Paris")
+    assert normalize_text("Paris..") == "Paris." and not answers_match("Paris..", "Paris")

@@ -157,3 +157,45 @@ def test_row_uniforms_are_in_unit_interval_and_depend_only_on_row_key_and_step()
     assert u.shape == (4, 6) and (u > 0).all() and (u <= 1).all()
     np.testing.assert_array_equal(np.asarray(row_uniforms(keys[2:3], 9))[0, :6], u[2])
     assert len(np.unique(u)) == u.size
+
+
+# ------------------------------------------------ exact ties at the cut-offs (mutation testing)
+# probabilities [0.5, 0.25, 0.125, 0.125] are exact in float32, so the masses before each token
+# (0, 0.5, 0.75, 0.875) and the ratios to the largest (1, 0.5, 0.25, 0.25) hit the bounds exactly
+
+HALVES = jnp.log(jnp.array([[0.5, 0.25, 0.125, 0.125]]))
+
+
+def _kept(filtered):
+    return np.isfinite(np.asarray(filtered)).astype(int).tolist()
+
+
+def test_top_p_keeps_a_token_only_while_the_mass_before_it_is_below_p():
+    def kept(p):
+        return _kept(filter_logits(HALVES, top_p=p))
+
+    assert kept(0.5) == [[1, 0, 0, 0]]  # the mass before token 1 is 0.5: not below 0.5
+    assert kept(0.75) == [[1, 1, 0, 0]]
+    assert kept(0.76) == [[1, 1, 1, 1]]  # token 2 is kept, and token 3 ties with it
+
+
+def test_min_p_keeps_a_token_at_exactly_min_p_times_the_largest():
+    def kept(z, p):
+        return _kept(filter_logits(z, min_p=p))
+
+    assert kept(HALVES, 0.5) == [[1, 1, 0, 0]]
+    assert kept(HALVES, 0.25) == [[1, 1, 1, 1]]
+    # min_p = 1 keeps every token tied with the largest, never none (a NaN draw otherwise)
+    assert kept(jnp.array([[1.0, 1.0, 0.0]]), 1.0) == [[1, 1, 0]]
+    draw = draw_tokens(jnp.array([[1.0, 1.0, 0.0]]), jnp.array([0.3]), temperature=1.0, min_p=1.0)
+    np.testing.assert_allclose(draw.sampling_logprobs, [np.log(0.5)], rtol=1e-6)
+
+
+def test_the_inverse_cdf_takes_the_first_token_whose_cdf_reaches_u():
+    """y = min{v : C_v >= u · C_V}: with 4 equal tokens, u = 0.5 reaches C_1 = 0.5 exactly."""
+    flat = jnp.zeros((1, 4))
+    picks = [
+        int(draw_tokens(flat, jnp.array([u]), temperature=1.0).tokens[0])
+        for u in (0.25, 0.26, 0.5, 0.75, 1.0)
+    ]
+    assert picks == [0, 1, 1, 2, 3]

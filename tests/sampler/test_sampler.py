@@ -424,3 +424,55 @@ def test_cache_axes_name_every_buffer_axis_and_broadcast_repeats_rows():
     assert (np.asarray(out.k[:, :, :, 3:]) == 0).all() and int(out.lengths) == 3
     with pytest.raises(ValueError, match="max_len=2 < the cache's 3 slots"):
         broadcast_cache(cache, 2, 2)
+
+
+def test_sliding_window_layers_decode_as_the_uncached_forward():
+    """Decode steps give the positions to the sliding-window mask (the rotary angles come from
+    their own table): a position off by one moves the window by one token. Gemma-2-style layers
+    (sliding window 3, soft-capped logits) against the plain forward (mutation testing)."""
+    from jaxrl_llm.models import RopeConfig
+
+    local = tiny_model(
+        vocab=V,
+        seed=3,
+        layers=3,
+        sliding_window=3,
+        attn_logit_softcap=2.0,
+        layer_types=("sliding_attention", "full_attention", "sliding_attention"),
+        local_rope=RopeConfig(theta=100.0),
+    )
+    out = generate(
+        local,
+        [[1, 2, 3, 4, 5], [6, 7]],
+        max_new_tokens=6,
+        temperature=0.0,
+        stop_tokens=(),
+        row_groups=1,
+        key=jax.random.key(0),
+    )
+    P, steps = out.prompt_mask.shape[1], out.completion_tokens.shape[1]
+    logits = completion_logits(
+        jnp.asarray(full_logits(local, out.tokens, out.attention_mask)), P, steps
+    )
+    want = token_logprobs(logits, out.completion_tokens)
+    np.testing.assert_allclose(np.asarray(out.logprobs), np.asarray(want), atol=1e-5, rtol=0)
+    np.testing.assert_array_equal(out.completion_tokens, np.argmax(np.asarray(logits), -1))
+
+
+def test_a_zero_budget_row_generates_nothing():
+    """`sample_tokens`' per-row budgets clip to [0, T]: a row with budget 0 is done before the
+    first step (no token, an empty mask), the other row runs its whole budget."""
+    graphdef, state = nnx.split(model())
+    config = SamplingConfig(max_new_tokens=3, stop_tokens=())
+    prompts, mask = left_pad([[1, 2], [3]], length=2, pad_id=0)
+    out = sample_tokens(
+        graphdef,
+        state,
+        jnp.asarray(prompts),
+        jnp.asarray(mask),
+        jax.random.key(0),
+        config=config,
+        max_new_tokens=jnp.array([0, 3]),
+    )
+    np.testing.assert_array_equal(out.lengths, [0, 3])
+    np.testing.assert_array_equal(out.completion_mask, [[0, 0, 0], [1, 1, 1]])

@@ -281,7 +281,8 @@ def test_a_shuffled_epoch_takes_the_strided_rows_of_the_drawn_permutation(compil
         )
         params = jax.tree.map(lambda p, g: p - 0.5 * g, params, grads)
     fixed, _ = make_update_step(objective, tx, minibatches=2, shuffle=False)(
-        jax.tree.map(jnp.copy, state), batch  # the step donates the state it is given
+        jax.tree.map(jnp.copy, state),
+        batch,  # the step donates the state it is given
     )
     assert tree_max_abs_diff(fixed.params, params) > 1e-4
     shuffled, _ = make_update_step(objective, tx, minibatches=2, shuffle=True)(state, batch)

@@ -327,8 +327,9 @@ def _silence_closed_loop_reports() -> None:
     an unraisable `RuntimeError` with a traceback on stderr, dozens of them, which would bury
     the one clear error `restore` raises. Installed before each restore reads (once per
     process, unless the hook was replaced since): the first of those reports can come before
-    the failed read's exception reaches `restore`. Every other unraisable exception still
-    reaches the previous hook.
+    the failed read's exception reaches `restore`; the metadata reads that decide whether a step
+    is complete install it too. Every other unraisable exception still reaches the previous
+    hook.
     """
     previous = sys.unraisablehook
     if getattr(previous, "_drops_closed_loop_reports", False):
@@ -525,6 +526,7 @@ class Checkpointer:
 
     def _is_complete(self, step: int) -> bool:
         """Both items are present and readable through orbax's metadata API."""
+        _silence_closed_loop_reports()  # a damaged step's metadata reads fail as a restore's do
         try:
             metadata = self._manager.item_metadata(step)
         except Exception:  # damaged metadata fails in many ways (a corrupt sharding record

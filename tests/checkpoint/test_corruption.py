@@ -189,3 +189,39 @@ def test_stray_reports_of_a_failed_restore_are_dropped(tmp_path, monkeypatch):
         sys.unraisablehook(types.SimpleNamespace(exc_value=RuntimeError(message)))
     errors = [str(u.exc_value) for u in reported if isinstance(u.exc_value, RuntimeError)]
     assert errors == ["something else"]  # (other reports, e.g. ResourceWarnings, pass through)
+
+
+def test_the_way_back_names_the_newest_older_step(tmp_path):
+    """Three steps, the newest truncated: the advice names step 2, not the oldest."""
+    _saved(tmp_path, steps=(1, 2, 3))
+    path = _largest_array_file(tmp_path / "3")
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(ValueError, match=r"away to restore step 2 instead"):
+        _restore(tmp_path)
+
+
+def test_a_step_without_its_meta_item_is_not_complete(tmp_path):
+    """A step whose `meta` item is gone (a save that stopped between its items) is skipped for
+    the older complete one, and listed as unreadable."""
+    import shutil
+
+    _saved(tmp_path, steps=(2, 4))
+    shutil.rmtree(tmp_path / "4" / "meta")
+    with Checkpointer(tmp_path, save_every=1) as ckpt:
+        assert ckpt.latest_step() == 2 and ckpt.unreadable_steps() == [4]
+    _, meta = _restore(tmp_path)
+    assert meta == {"step": 2}
+
+
+def test_the_mixed_checksum_catches_what_the_plain_sum_misses():
+    """[0x8000, 0x8001] and [0, 0x10001] have the same sum of words; the second sum, of the
+    mixed words, differs (a two-word change that keeps the sum, which byte flips never do)."""
+    from jaxrl_llm.checkpoint import _checksums, _verify_checksums
+
+    saved = _checksums({"w": jnp.array([0x8000, 0x8001], jnp.uint32)})
+    assert (
+        _reference_checksum(jnp.array([0x8000, 0x8001], jnp.uint32))[0]
+        == _reference_checksum(jnp.array([0, 0x10001], jnp.uint32))[0]
+    )
+    with pytest.raises(ValueError):
+        _verify_checksums({"w": jnp.array([0, 0x10001], jnp.uint32)}, saved, where="s", advice="a")

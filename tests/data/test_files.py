@@ -77,6 +77,13 @@ def test_jsonl_blank_lines_bom_and_unicode(tmp_path):
     assert issues == []
 
 
+def test_a_byte_order_mark_is_allowed_on_the_first_line_only(tmp_path):
+    path = write(tmp_path, GOOD + b"\xef\xbb\xbf" + GOOD)
+    records, issues = read_jsonl(path, required=["question", "answer"], on_error="skip")
+    assert len(records) == 1
+    assert [i.location for i in issues] == ["line 2"] and "invalid JSON" in issues[0].reason
+
+
 def test_jsonl_line_numbers_count_blank_lines(tmp_path):
     path = write(tmp_path, GOOD + b"\n\n{oops}\n")
     with pytest.raises(DataError, match="line 4: invalid JSON"):

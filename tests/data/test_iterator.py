@@ -111,3 +111,10 @@ def test_next_batch_rejects_a_state_from_another_dataset():
         next_batch(IteratorState(0, 0, 9), num_examples=5, batch_size=2)
     with pytest.raises(ValueError, match="`batch_size` must be >= 1"):
         next_batch(IteratorState(0, 0, 0), num_examples=5, batch_size=0)
+
+
+def test_a_position_at_the_end_of_the_dataset_is_refused():
+    """A state's position lies in [0, num_examples): 5 of 5 is outside (a state from a larger
+    data set), not the start of a new epoch."""
+    with pytest.raises(ValueError, match="state position 5 is outside the dataset"):
+        next_batch(IteratorState(0, 0, 5), num_examples=5, batch_size=1)

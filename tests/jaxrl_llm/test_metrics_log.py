@@ -440,3 +440,17 @@ def test_plot_curves_draws_the_logged_series(tmp_path):
     (tmp_path / "other_run" / "metrics.jsonl").write_text(json.dumps({"step": 1, "z": 1}) + "\n")
     with pytest.raises(ValueError, match=r"none of the default keys .* pass `keys` from: \['z'\]"):
         plot_curves(tmp_path / "other_run", tmp_path / "y.png")
+
+
+def test_the_default_plot_keys_and_gaps_in_a_series():
+    """The five documented default curves; a key missing or null on a line is a gap in its
+    series, not a NaN point."""
+    assert metrics_log.DEFAULT_PLOT_KEYS == (
+        "reward/mean",
+        "eval/accuracy",
+        "kl/mean",
+        "entropy/mean",
+        "response/length_mean",
+    )
+    records = [{"step": 1, "a": None}, {"step": 2, "a": 1.0}, {"step": 3}]
+    assert metrics_log.metric_series(records, "a") == ([2], [1.0])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jaxrl_llm.tokenizer import ByteTokenizer, load_tokenizer
+from jaxrl_llm.tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer
 
 TEMPLATE = (
     "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}</s>{% endfor %}"
@@ -165,3 +165,17 @@ def test_tokenizer_errors(tmp_path):
     (tmp_path / "export" / "config.json").write_text("{}")
     with pytest.raises(ValueError, match=r"no tokenizer files in .*export .*e\.g\. 'byte'"):
         load_tokenizer(tmp_path / "export")
+
+
+def test_a_tokenizer_without_a_pad_token_pads_with_its_eos(tmp_path):
+    tokenizers = pytest.importorskip("tokenizers")
+    transformers = pytest.importorskip("transformers")
+    words = ["<unk>", "<s>", "</s>", "the"]
+    backend = tokenizers.Tokenizer(
+        tokenizers.models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>")
+    )
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
+    assert fast.pad_token_id is None
+    assert HFTokenizer(fast).pad_id == 2  # the EOS, not the BOS (1)

@@ -180,3 +180,47 @@ def test_config_keys_transformers_ignores_are_ignored(family, overrides, tmp_pat
         capped = ModelConfig(**{**model.config.__dict__, "attn_logit_softcap": 0.5})
         with pytest.raises(ValueError, match="gemma3_text has no attention logit soft-capping"):
             capped.to_hf_dict()
+
+
+def test_rmsnorm_rounds_as_the_reference_implementations():
+    """Llama / Qwen: the normalised value is rounded to the input dtype, then multiplied by the
+    weight in that dtype (one bf16 multiply after the cast, as transformers' LlamaRMSNorm);
+    eps keeps an all-zero row at 0 instead of NaN (mutation testing)."""
+    from jaxrl_llm.models.layers import RMSNorm
+
+    norm = RMSNorm(64, eps=1e-6, plus_one=False, param_dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+    rng = np.random.default_rng(0)
+    scale = jnp.asarray(1.0 + 0.3 * rng.normal(size=64), jnp.bfloat16)
+    norm.scale[...] = scale
+    x = jnp.asarray(rng.normal(size=(4, 64)), jnp.bfloat16)
+    x32 = np.asarray(x, np.float32)
+    normed = x32 / np.sqrt(np.mean(x32**2, axis=-1, keepdims=True) + 1e-6)
+    want = scale * jnp.asarray(normed, jnp.bfloat16)
+    np.testing.assert_array_equal(np.asarray(norm(x), np.float32), np.asarray(want, np.float32))
+    np.testing.assert_array_equal(norm(jnp.zeros((1, 64), jnp.bfloat16)), 0.0)
+
+
+def test_a_tied_checkpoint_that_also_stores_lm_head_loads(tmp_path):
+    """Some tied checkpoints keep a redundant `lm_head.weight` (a copy of the embedding): it is
+    ignored on load, not an unexpected tensor."""
+    from safetensors.numpy import load_file, save_file
+
+    cfg = ModelConfig(
+        family="qwen2",
+        vocab_size=11,
+        hidden_size=8,
+        intermediate_size=16,
+        num_layers=1,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=4,
+        tie_embeddings=True,
+    )
+    model = Decoder(cfg, rngs=nnx.Rngs(0))
+    save_pretrained(model, tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].copy()
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    loaded = from_pretrained(tmp_path)
+    tokens = jnp.arange(6, dtype=jnp.int32)[None]
+    np.testing.assert_array_equal(loaded(tokens, tokens), model(tokens, tokens))

@@ -99,7 +99,7 @@ def test_a_reward_model_run_trains_resumes_evaluates_and_exports_a_scorer(tmp_pa
 def _pair_sequences(prompt, completion, config):
     from jaxrl_llm.data import load_preference_data
 
-    record = {"prompt": prompt, "chosen": completion, "rejected": completion}
+    record = {"prompt": prompt, "chosen": completion, "rejected": completion + "?"}  # unused
     examples, _, _ = load_preference_data(
         [record], tokenizer=ByteTokenizer(), config=config.preference_data
     )

@@ -83,6 +83,7 @@ def test_eval_batches_cover_each_example_once():
     valid_idx = np.concatenate([i[v] for i, v in batches])
     assert valid_idx.tolist() == list(range(10))
     assert batches[-1][1].tolist() == [True, True, False, False]
+    assert batches[-1][0].tolist() == [8, 9, 0, 0]  # padded with example 0 (documented)
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,9 @@ TEMPLATE = (
 
 def test_byte_tokenizer_round_trips_unicode_and_pads_both_sides():
     tok = ByteTokenizer()
+    # fixed ids (configs name them: stop token 258): bytes 0-255, then pad, BOS, EOS
+    assert (tok.pad_id, tok.bos_id, tok.eos_id, tok.vocab_size) == (256, 257, 258, 259)
+    assert tok.encode("a", add_bos=True, add_eos=True) == [257, 97, 258]
     text = "héllo, 世界"
     ids = tok.encode(text, add_eos=True)
     assert ids[0] == tok.bos_id and ids[-1] == tok.eos_id and max(ids) < tok.vocab_size

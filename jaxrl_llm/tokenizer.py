@@ -197,6 +197,15 @@ _TOKENIZER_FILES = (
     "spiece.model",
     "sentencepiece.bpe.model",
 )
+# every file a `transformers` tokenizer may be saved as (a checkpoint copy takes those present)
+TOKENIZER_FILES = (
+    *_TOKENIZER_FILES,
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "merges.txt",
+    "chat_template.jinja",
+    "chat_template.json",
+)
 
 
 def load_tokenizer(

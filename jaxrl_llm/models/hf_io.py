@@ -22,6 +22,7 @@ import contextlib
 import dataclasses
 import json
 import pathlib
+import shutil
 from collections.abc import Iterator
 from typing import Any, Literal
 
@@ -36,6 +37,7 @@ from jaxrl_llm.models.decoder import Decoder, Remat
 from jaxrl_llm.models.hf_names import TensorMap, check_names, tensor_maps, value_head_map
 from jaxrl_llm.models.lora import has_lora, merge_lora
 from jaxrl_llm.models.value import ValueHead, ValueModel
+from jaxrl_llm.tokenizer import TOKENIZER_FILES
 from sharding.rules import LOGICAL_AXIS_RULES, Rules, logical_to_spec
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -332,21 +334,6 @@ def save_pretrained(
 
 
 GENERATION_CONFIG_FILE = "generation_config.json"
-# the files a `transformers` tokenizer is saved as (those that exist are copied)
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.json",
-    "vocab.txt",
-    "merges.txt",
-    "tokenizer.model",
-    "spiece.model",
-    "sentencepiece.bpe.model",
-    "chat_template.jinja",
-    "chat_template.json",
-)
 
 
 def copy_side_files(
@@ -367,8 +354,6 @@ def copy_side_files(
       >>> copy_side_files(src, dst), copy_side_files(src, dst, tokenizer=False)
       (['generation_config.json', 'tokenizer.json'], ['generation_config.json'])
     """
-    import shutil
-
     source, dest = pathlib.Path(source), pathlib.Path(dest)
     names = (GENERATION_CONFIG_FILE, *(TOKENIZER_FILES if tokenizer else ()))
     copied = []

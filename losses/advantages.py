@@ -748,7 +748,9 @@ def gdpo_advantages(
     (`masked_whiten(gdpo_advantages(r, eps=1e-4), valid, eps=1e-4, eps_mode="std")`); verl `gdpo`
     whitens over tokens, length-weighted
     (`masked_whiten(broadcast_to_tokens(A, mask), mask)`). TRL's default `"sum_then_normalize"`
-    is `group_advantages` of the weighted reward sum.
+    is `group_advantages` of the weighted reward sum. `valid` is per sample, for every
+    component: TRL drops a NaN component from that component's group statistics only, which
+    this function cannot express (mark the sample invalid, or fill the component).
 
     Source: "GDPO: Group reward-Decoupled Normalization Policy Optimization" (arXiv 2601.05242).
 

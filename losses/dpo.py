@@ -357,10 +357,14 @@ def dpo_loss(
     Diverse Divergence Constraints", arXiv 2309.16240): `reverse_kl: s = lr`;
     `forward_kl: s = −exp(min(−lr, 80))`; `js_divergence: s = logσ(lr)`;
     `alpha_divergence: s = exp(min((α−1)·lr, 80))/(α−1)` (reverse KL when `|α − 1| < 1e-6`).
-    Our `f_alpha = α` is `1 −` TRL's `f_alpha_divergence_coef` (same Δ): α → 1 is reverse KL and
-    α = 0 forward KL (TRL's default coefficient 1.0). The exponent cap of 80 (also applied to
+    Our `f_alpha = α` is TRL's `f_alpha_divergence_coef` (TRL 1.16: default 0.5, 1 falls back
+    to reverse KL; older TRL releases took `1 − α`). The exponent cap of 80 (also applied to
     forward_kl) keeps float32 finite. The types defined on `lr` (aot, aot_unpaired, apo_zero,
-    apo_down) require `f_divergence="reverse_kl"`.
+    apo_down) require `f_divergence="reverse_kl"`. TRL's scores are ours plus a constant that
+    makes them vanish at `lr = 0` (`1 − e^{−lr}`, `log 2 + logσ(lr)`, `(e^{(α−1)lr} − 1)/(α−1)`):
+    the constant cancels in `Δ`, so every type on `Δ` agrees, but not in `Δ'` or in the types
+    that read `s_c` and `s_r` apart; TRL 1.16 refuses those (nca_pair, bco_pair, sppo_hard)
+    with another divergence, and reproduces ipo / sigmoid_norm with lengths only for reverse_kl.
 
     The loss is `Σ_k w_k · Σ_i v_i·pw_i·ℓ_k,i / D` over the types `k` of a tuple `loss_type`
     with `loss_weights` `w` (default all 1.0; MPO, arXiv 2411.10442, is
@@ -371,9 +375,9 @@ def dpo_loss(
     the pairs. `β` and `ε` may be per-pair `[N]` arrays (MM-RLHF's dynamic β,
     `β_i = β₀(1 + w(1 − e^{−k·margin_i}))`; CREAM's soft labels `ε_i = 1 − c_i` with
     `rank_consistency`). Static checks: `β > 0`; `ε ∈ [0, 1]`, `< ½` for robust, `∈ (0, 1)` for
-    exo_pair (TRL silently replaces ε = 0 by 1e-3 there; we raise); a non-zero ε needs a type
-    that reads it and lengths need ipo or sigmoid_norm, otherwise `ValueError`. Lengths are
-    clamped to ≥ 1. Reference log-probs carry no gradient.
+    exo_pair (TRL 1.16 raises too; older releases replaced ε = 0 by 1e-3); a non-zero ε needs a
+    type that reads it and lengths need ipo or sigmoid_norm, otherwise `ValueError`. Lengths
+    are clamped to ≥ 1. Reference log-probs carry no gradient.
 
     Peers: TRL `DPOConfig(loss_type=..., label_smoothing, f_divergence_type,
     f_alpha_divergence_coef, discopop_tau, reference_free, loss_weights)` (all types; TRL's ipo

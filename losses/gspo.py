@@ -74,9 +74,10 @@ def gspo_loss(
 
     Peers (reproducing keywords): verl `gspo` = the defaults with its `clip_ratio_low/high`
     (its default 0.2 must be overridden; it forces `seq-mean-token-mean`); TRL
-    `importance_sampling_level="sequence_token"` or `"sequence"` = `level`, with
-    `seq_log_ratio_max=None` (TRL has no cap); OpenRLHF `gspo` (pass `old_logp=rollout_logp`
-    when its IS correction is on); Tunix `gspo-token` = `level="sequence_token"`.
+    `importance_sampling_level="sequence"` = `level="sequence"` with `seq_log_ratio_max=None`
+    (TRL has no cap; TRL 1.16 offers `"token"`, plain `ppo_clip_loss`, and `"sequence"`, not
+    GSPO-token); OpenRLHF `gspo` (pass `old_logp=rollout_logp` when its IS correction is on);
+    Tunix `gspo-token` = `level="sequence_token"`.
 
     Args:
       logp: `[N,T]` log-probs of the current policy (differentiable).

@@ -11,7 +11,9 @@ User errors (a bad config, an unknown override key, a bad path, nothing to resum
 line naming the problem and exit with status 2, without a traceback. A training run that stops
 because its loss diverged, or because a reward function failed under `on_failure: fail`, prints
 the diagnosis and exits with status 1; one stopped by SIGTERM / Ctrl-C checkpoints and exits
-with 128 + the signal number (143 / 130).
+with 128 + the signal number (143 / 130). `JAXRL_LLM_TRACEBACK=1` prints a user error's whole
+traceback too (a `ValueError` from deep in the library is shown as a user error: this says
+where it was raised).
 """
 
 from __future__ import annotations
@@ -180,7 +182,15 @@ def _add_run_parsers(sub: Any) -> None:
     )
 
 
+TRACEBACK_ENV = "JAXRL_LLM_TRACEBACK"
+
+
 def _user_error(command: str, err: BaseException) -> int:
+    """One line naming the problem, exit status 2; the traceback too with `JAXRL_LLM_TRACEBACK=1`."""
+    if os.environ.get(TRACEBACK_ENV, "").strip().lower() not in ("", "0", "false", "no"):
+        import traceback
+
+        traceback.print_exception(err, file=sys.stderr)
     message = " ".join(str(err).split("\n")[0].split())
     print(f"jaxrl-llm {command}: {message}", file=sys.stderr)
     return 2

@@ -23,6 +23,7 @@ import shutil
 from typing import Any
 
 import jax
+import numpy as np
 
 from jaxrl_llm.checkpoint import Checkpointer
 from jaxrl_llm.data import IteratorState, next_batch
@@ -94,7 +95,9 @@ def warm_start_policy(
 
     Returns:
       `(params, frozen, info)` with `info = {"warm_start/cached": 0 or 1,
-      "warm_start/nll_first", "warm_start/nll_last"}` (the NLLs when trained now). The update
+      "warm_start/nll_first", "warm_start/nll_last"}` (the NLLs of the training, now or when
+      cached) and, with `packing`, `"warm_start/packed_rows"` and `"warm_start/packing_fill"`
+      (means over the steps: rows per batch, the share of slots holding a token). The update
       steps donate the whole train state, the frozen parameters included, so after training
       `frozen` is the step's output (the same values in new buffers); the arrays passed in are
       deleted.
@@ -171,7 +174,7 @@ def _train(
     step = update_program(objective, policy_graphs, optim, mesh, state, config.parallel)
     unit = packing_row_unit(1, batch_devices(mesh), config.parallel)
     position = IteratorState(seed=config.data.seed + 1, epoch=0, position=0)
-    nll = []
+    nll, rows, fill = [], [], []
     for i in range(section.steps):
         indices, position = next_batch(
             position,
@@ -187,6 +190,8 @@ def _train(
             batch = packed_sft_batch(
                 task, batch, length=section.packing_length, unit=unit, pad_id=tokenizer.pad_id
             )
+            rows.append(batch.tokens.shape[0])
+            fill.append(float(np.mean(batch.segment_ids > 0)))
         batch = place_batch(batch, mesh)
         state, metrics = step(state, batch)
         if i == 0 or i == section.steps - 1 or (i + 1) % max(1, section.steps // 10) == 0:
@@ -194,4 +199,7 @@ def _train(
             nll.append(value)
             log.info("warm start: step %d/%d, nll %.4f", i + 1, section.steps, value)
     info = {"warm_start/nll_first": nll[0], "warm_start/nll_last": nll[-1]}
+    if section.packing:  # as the SFT run's sft/packed_rows and sft/packing_fill, step-averaged
+        info["warm_start/packed_rows"] = float(np.mean(rows))
+        info["warm_start/packing_fill"] = float(np.mean(fill))
     return state.params["policy"], state.frozen["policy"], info

@@ -12,6 +12,11 @@ from tests.runner.helpers import CONFIGS, TINY
 GRPO = str(CONFIGS / "grpo.yaml")
 
 
+@pytest.fixture(autouse=True)
+def _no_traceback_env(monkeypatch):
+    monkeypatch.delenv("JAXRL_LLM_TRACEBACK", raising=False)  # a user's shell may set it
+
+
 def _error(capsys, argv):
     code = main(argv)
     err = capsys.readouterr().err.strip()
@@ -89,6 +94,17 @@ def test_bad_overrides_are_one_line_user_errors(capsys, tmp_path, override, mess
     err = _error(capsys, ["train", GRPO, *TINY, *overrides, "--run-dir", str(tmp_path)])
     assert err.startswith("jaxrl-llm train: ") and message in err, err
     assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_traceback_env_prints_the_user_errors_traceback(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("JAXRL_LLM_TRACEBACK", "1")
+    code = main(["train", GRPO, *TINY, "train.stpes=3", "--run-dir", str(tmp_path)])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and lines[0] == "Traceback (most recent call last):", lines
+    assert lines[-1].startswith("jaxrl-llm train: ") and "stpes" in lines[-1], lines
+    assert any("ConfigError" in line for line in lines[1:-1]), lines
+    monkeypatch.setenv("JAXRL_LLM_TRACEBACK", "0")
+    _error(capsys, ["train", GRPO, *TINY, "train.stpes=3", "--run-dir", str(tmp_path)])
 
 
 def test_cross_section_rules(capsys, tmp_path):

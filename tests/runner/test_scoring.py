@@ -245,6 +245,10 @@ def test_a_packed_warm_start_trains_as_the_padded_one(tmp_path):
     for key in ("warm_start/nll_first", "warm_start/nll_last"):
         np.testing.assert_allclose(setups[1][key], setups[0][key], rtol=1e-5)
     assert setups[0]["warm_start/nll_last"] < setups[0]["warm_start/nll_first"]
+    assert "warm_start/packing_fill" not in setups[0]
+    # a step's 4 short pairs (prompt, answer, EOS) share one row of 32 slots, most of it filled
+    assert setups[1]["warm_start/packed_rows"] == 1.0, setups[1]
+    assert 0.5 < setups[1]["warm_start/packing_fill"] <= 1.0, setups[1]
 
 
 def test_the_warm_start_follows_data_shuffle(tmp_path, monkeypatch):

@@ -9,8 +9,8 @@ Conventions (ALGORITHMS.md §4.0):
   them advantage 0. Their rewards are replaced by 0 with `where(valid, s, 0)` before any
   arithmetic, so NaN/inf there (TRL marks missing rewards with NaN) never reach a value.
 * Groups with fewer than two valid samples: `singleton="zero"` (default; TRL, verl's
-  `*_vectorized` estimators, Tunix) gives advantage 0; `singleton="raw"` reproduces verl's loop
-  estimators, which use mean 0 and std 1 for such a group.
+  `rloo_vectorized`, Tunix) gives advantage 0; `singleton="raw"` reproduces verl's loop
+  estimators and its `grpo_vectorized`, which use mean 0 and std 1 for such a group.
 * Zero-variance groups (`max = min` over the valid samples) get *exactly* 0 whatever `eps` is, so
   float residue `s − μ ≈ 1e-9` is never amplified by `1/eps`.
 * Ragged groups: `group_advantages_flat` / `rloo_advantages_flat` take `rewards[N]` plus
@@ -732,11 +732,12 @@ def gdpo_advantages(
     eps: float = 1e-6,
     ddof: int = 1,
     valid: ArrayLike | None = None,
+    singleton: Singleton = "zero",
 ) -> Array:
     """GDPO: each reward component normalised within its group, then summed (ALGORITHMS.md §4.7).
 
         A = Σ_k w_k · group_advantages(rewards[..., k], scale="group", eps=eps, ddof=ddof,
-                                       valid=valid)                    (w = 1 by default)
+                                       valid=valid, singleton=singleton)   (w = 1 by default)
 
     Normalising per component keeps components with different spreads from collapsing into the
     same advantage (GRPO on summed rewards maps groups `((1,1),(0,0))` and `((1,0),(0,0))` both to
@@ -746,7 +747,7 @@ def gdpo_advantages(
     The paper's final batch normalisation is *not* applied here, because the peers place it
     differently: TRL `multi_objective_aggregation="normalize_then_sum"` standardises over sequences
     (`masked_whiten(gdpo_advantages(r, eps=1e-4), valid, eps=1e-4, eps_mode="std")`); verl `gdpo`
-    whitens over tokens, length-weighted
+    (its loop GRPO per component, so `singleton="raw"`) whitens over tokens, length-weighted
     (`masked_whiten(broadcast_to_tokens(A, mask), mask)`). TRL's default `"sum_then_normalize"`
     is `group_advantages` of the weighted reward sum. `valid` is per sample, for every
     component: TRL drops a NaN component from that component's group statistics only, which
@@ -760,6 +761,8 @@ def gdpo_advantages(
       eps: added to each component's group std (>= 0).
       ddof: delta degrees of freedom of the std.
       valid: optional `[B,G]` bool (applies to every component).
+      singleton: groups with < 2 valid samples, as in `group_advantages`: "zero" (default) or
+        "raw" (verl's `gdpo`: each component's `s/(1 + eps)`).
 
     Returns:
       `[B,G]` float32 advantages under stop-gradient.
@@ -772,6 +775,7 @@ def gdpo_advantages(
     """
     where = "gdpo_advantages"
     check_choice(ddof, (0, 1), "ddof", where=where)
+    check_choice(singleton, _SINGLETONS, "singleton", where=where)
     _check_eps(eps, "eps", where=where)
     s, v = _grouped_inputs(rewards, valid, where=where, rank=3)
     K = s.shape[2]
@@ -790,7 +794,7 @@ def gdpo_advantages(
         scale="group",
         eps=eps,
         ddof=ddof,
-        singleton="zero",
+        singleton=singleton,
     )  # [K,B,G]
     if weights is not None:
         adv = adv * jax.lax.stop_gradient(as_float32(weights))[:, None, None]

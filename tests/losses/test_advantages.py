@@ -36,7 +36,7 @@ _gpg = jax.jit(gpg_advantages, static_argnames=("count",))
 _passk = jax.jit(passk_advantages, static_argnames=("scale", "ddof"))
 _opo = jax.jit(opo_advantages, static_argnames=("singleton",))
 _bnpo = jax.jit(bnpo_advantages)
-_gdpo = jax.jit(gdpo_advantages, static_argnames=("ddof",))
+_gdpo = jax.jit(gdpo_advantages, static_argnames=("ddof", "singleton"))
 _zvm = jax.jit(zero_variance_mask, static_argnames=("ddof",))
 _metrics = jax.jit(group_advantage_metrics)
 
@@ -345,8 +345,8 @@ def test_bnpo_zero_batch_variance_falls_back_to_uniform():
     assert_close(_bnpo(r), r - 0.25)
 
 
-@pytest.mark.parametrize("with_weights", [False, True])
-def test_gdpo_matches_reference(with_weights):
+@pytest.mark.parametrize("with_weights, singleton", [(False, "zero"), (True, "raw")])
+def test_gdpo_matches_reference(with_weights, singleton):
     rng = np.random.default_rng(6)
     K = 3
     r = np.stack([random_rewards(rng) for _ in range(K)], axis=-1)
@@ -357,10 +357,12 @@ def test_gdpo_matches_reference(with_weights):
         weights=weights,
         valid=valid,
         eps=1e-4,
+        singleton=singleton,
     )
     w = np.ones(K) if weights is None else weights.astype(np.float64)
-    want = sum(w[k] * np_group(r[..., k], valid, eps=1e-4) for k in range(K))
+    want = sum(w[k] * np_group(r[..., k], valid, eps=1e-4, singleton=singleton) for k in range(K))
     assert_close(got, want)
+    assert (got[0, 2] == 0) == (singleton == "zero")  # random_valid's singleton group (verl: raw)
 
 
 @pytest.mark.parametrize("min_std", [0.0, 0.3])
@@ -574,7 +576,7 @@ def test_bnpo_special_cases():
 def test_gdpo_single_component_is_group_advantages_exactly():
     rng = np.random.default_rng(17)
     s, valid = random_rewards(rng), random_valid(rng)
-    for kw in ({}, {"valid": valid, "eps": 1e-4, "ddof": 0}):
+    for kw in ({}, {"valid": valid, "eps": 1e-4, "ddof": 0, "singleton": "raw"}):
         np.testing.assert_array_equal(_gdpo(s[..., None], **kw), _group(s, **kw))
 
 

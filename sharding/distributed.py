@@ -31,6 +31,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import numbers
 import os
 import warnings
 from collections.abc import Mapping, Sequence
@@ -76,9 +77,9 @@ def _int_setting(value: Any, name: str) -> int | None:
             raise ValueError(
                 f"initialize_distributed: {name} must be an integer, got {value!r}."
             ) from None
-    if isinstance(value, bool) or not isinstance(value, int):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise ValueError(f"initialize_distributed: {name} must be an integer, got {value!r}.")
-    return value
+    return int(value)  # a NumPy integer too, as MeshConfig takes them
 
 
 def _cluster_environment() -> str | None:

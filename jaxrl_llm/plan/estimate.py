@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import pathlib
 from typing import Literal, NamedTuple
 
@@ -23,6 +24,11 @@ from sharding import MESH_AXES
 
 Remat = Literal["none", "dots", "full"]
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def _is_positive_int(value: object) -> bool:
+    """A positive Python or NumPy integer, not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 1
 
 
 # ------------------------------------------------------------------------------ inputs
@@ -62,12 +68,12 @@ class PlanConfig:
 
     def __post_init__(self) -> None:
         mesh = tuple(self.mesh)
-        if len(mesh) != 3 or any(not isinstance(s, int) or s < 1 for s in mesh):
+        if len(mesh) != 3 or not all(_is_positive_int(s) for s in mesh):
             raise ValueError(
                 f"PlanConfig.mesh must be three positive ints (data, fsdp, tensor), got "
                 f"{self.mesh!r}."
             )
-        object.__setattr__(self, "mesh", mesh)
+        object.__setattr__(self, "mesh", tuple(int(s) for s in mesh))
         if self.old_logprobs not in ("forward", "sampler"):
             raise ValueError(
                 f"PlanConfig.old_logprobs must be 'forward' or 'sampler', got "
@@ -82,8 +88,9 @@ class PlanConfig:
             "minibatches",
         ):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            if not _is_positive_int(value):
                 raise ValueError(f"PlanConfig.{name} must be a positive int, got {value!r}.")
+            object.__setattr__(self, name, int(value))
         for name in ("param_dtype", "compute_dtype", "optimizer_dtype"):
             if name == "optimizer_dtype" and self.optimizer_dtype is None:
                 continue
@@ -99,10 +106,12 @@ class PlanConfig:
         names = ("micro_batch", "logits_chunk", "attention_chunk", "lora_rank", "critic_lora_rank")
         for name in names:
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 1):
+            if value is not None and not _is_positive_int(value):
                 raise ValueError(
                     f"PlanConfig.{name} must be a positive int or None, got {value!r}."
                 )
+            if value is not None:
+                object.__setattr__(self, name, int(value))
         if self.critic_lora_rank is not None and not self.critic:
             raise ValueError("PlanConfig.critic_lora_rank needs critic=True (a separate critic).")
         if self.dora and self.lora_rank is None and self.critic_lora_rank is None:

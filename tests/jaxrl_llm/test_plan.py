@@ -89,6 +89,8 @@ PUBLISHED = {
     "llama-3-8b": 8.03e9,
     "llama-3-70b": 70.55e9,
     "llama-3.2-1b": 1.24e9,
+    "llama-3.2-3b": 3.21e9,
+    "qwen3-4b": 4.02e9,
 }
 
 

@@ -76,8 +76,10 @@ def gspo_loss(
     (its default 0.2 must be overridden; it forces `seq-mean-token-mean`); TRL
     `importance_sampling_level="sequence"` = `level="sequence"` with `seq_log_ratio_max=None`
     (TRL has no cap; TRL 1.16 offers `"token"`, plain `ppo_clip_loss`, and `"sequence"`, not
-    GSPO-token); OpenRLHF `gspo` (pass `old_logp=rollout_logp` when its IS correction is on);
-    Tunix `gspo-token` = `level="sequence_token"`.
+    GSPO-token); OpenRLHF `gspo` = `level="sequence", seq_log_ratio_max=None` (it differentiates
+    through the sequence mean; pass `old_logp=rollout_logp` when its IS correction is on); Tunix
+    `gspo-token` = `level="sequence_token"` while every `|logp − old| ≤ 20` (Tunix clamps each
+    token's log-ratio at ±20 before the mean; no keyword here reproduces that clamp).
 
     Args:
       logp: `[N,T]` log-probs of the current policy (differentiable).

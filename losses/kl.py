@@ -121,7 +121,9 @@ def kl_estimate(
     analysis in "A Comedy of Estimators" (arXiv 2512.21852).
     Peers (keywords that reproduce them): verl `kl`/`k1`, `abs`, `mse`/`k2`, `"<name>+"`
     (defaults + `straight_through=True`) and `low_var_kl`/`k3` (`clamp=10.0`); OpenRLHF
-    `k1`/`k2`/`k3` (`clamp=10.0, log_ratio_clamp=None`); TRL GRPO k3 (`clamp=None,
+    `k1`/`k2`/`k3` (`clamp=10.0, log_ratio_clamp=None`; its `unbiased_gradient=True` is
+    `straight_through=True` for k1 and k3 without old log-probs, with no equivalent for k2's
+    clamped values or with old log-probs); TRL GRPO k3 (`clamp=None,
     log_ratio_clamp=None`; its default bias-corrected KL is `kl_loss(..., is_correction=True)`)
     and PPO k1/k3 (`log_ratio_clamp=None`); Tunix `kl`/`mse_kl`/`low_var_kl`
     (`clamp=kl_clamp_value, log_ratio_clamp=None`). Default k1: DESIGN.md's choice, the estimator

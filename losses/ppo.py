@@ -52,7 +52,8 @@ def ppo_clip_loss(
     from "DAPO" (arXiv 2503.14476, ε_high = 0.28); dual clip from "Mastering Complex Control in MOBA
     Games with Deep Reinforcement Learning" (arXiv 1912.09729); two-sided ratio cap from the
     INTELLECT-2 report (arXiv 2505.07291). Peers: verl `vanilla` = `dual_clip=3.0`; TRL =
-    `log_ratio_clamp=None, ratio_cap=delta`; OpenRLHF and Tunix = defaults (+ `dual_clip`).
+    `log_ratio_clamp=None, ratio_cap=delta`; OpenRLHF and Tunix `grpo_loss_fn` = defaults (+
+    `dual_clip`); Tunix `ppo_policy_loss_fn` = `log_ratio_clamp=None, dual_clip=epsilon_c`.
 
     Args:
       logp: `[N,T]` log-probs of the current policy (differentiable).

@@ -232,8 +232,10 @@ def orpo_loss(
     agg="token_mean")`. The clamp at −1e-6 keeps `log1mexp` finite (its gradient is 0 above).
 
     Source: "ORPO: Monolithic Preference Optimization without Reference Model"
-    (arXiv 2403.07691). Peers: TRL experimental `ORPOTrainer` (`beta`), Tunix
-    `DPOTrainingConfig(algorithm="orpo")`.
+    (arXiv 2403.07691). Peers: TRL experimental `ORPOTrainer` (`beta`); Tunix
+    `DPOTrainingConfig(algorithm="orpo")` takes *summed* log-probs here
+    (`sequence_logprob(..., reduce="sum")`, `beta=lambda_orpo`) with
+    `nll_loss(agg="seq_mean_token_mean")`, and its `label_smoothing` has no equivalent.
 
     Args:
       chosen_avg_logp: `[N]` length-averaged policy log-probs of the chosen responses.

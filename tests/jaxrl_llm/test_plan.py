@@ -114,8 +114,13 @@ AXIS = {"embed": 1, "heads": 2, "kv_heads": 2, "mlp": 2, "vocab": 2}
 
 
 def reference_elements(config, mesh):
+    return sharded_elements(parameter_shapes(config), mesh)
+
+
+def sharded_elements(params, mesh):
+    """Elements per device of the parameter shapes `params` on `mesh` (data, fsdp, tensor)."""
     total = 0
-    for p in parameter_shapes(config):
+    for p in params:
         n = 1
         for size, name in zip(p.shape, p.names, strict=True):
             split = mesh[AXIS[name]] if name in AXIS else 1

@@ -25,24 +25,13 @@ from jaxrl_llm.plan import (
     suggest_meshes,
 )
 from jaxrl_llm.plan.shapes import critic_shapes
+from tests.jaxrl_llm.test_plan import sharded_elements as elements
 
 CONFIG = ModelConfig(
     family="llama", vocab_size=1000, hidden_size=64, intermediate_size=96, num_layers=5,
     num_heads=8, num_kv_heads=4, head_dim=16,
 )  # fmt: skip
 L, D, F, H, K, Hd, V = 5, 64, 96, 8, 4, 16, 1000
-AXIS = {"embed": 1, "heads": 2, "kv_heads": 2, "mlp": 2, "vocab": 2}
-
-
-def elements(params, mesh):
-    total = 0
-    for p in params:
-        n = 1
-        for size, name in zip(p.shape, p.names, strict=True):
-            split = mesh[AXIS[name]] if name in AXIS else 1
-            n *= size // split if size % split == 0 else size
-        total += n
-    return total
 
 
 def test_collectives_follow_the_formulas_and_the_links_they_cross():

@@ -97,7 +97,9 @@ def test_row_groups_equal_the_whole_batch_step(compiled, name, alg, groups):
     for before, after in zip(expected, got, strict=True):
         assert set(after) == set(before)
         for key, value in before.items():
-            np.testing.assert_allclose(after[key], value, rtol=2e-5, atol=1e-7, err_msg=key)
+            # atol 1e-6: PPO's first-step policy loss is a near-zero sum (whitened advantages
+            # at ratio 1) whose float32 rounding moved it by 3.4e-7 between hosts
+            np.testing.assert_allclose(after[key], value, rtol=2e-5, atol=1e-6, err_msg=key)
     assert expected[0]["optim/grad_norm"] > SGD.max_grad_norm  # clipping was active
 
 
